@@ -1,0 +1,114 @@
+"""``tether`` — the broker's command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tether.cli.aliases import normalize
+from tether.version import __version__
+
+app = typer.Typer(
+    name="tether",
+    help="Tether: a durable message broker with first-class pull consumers.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _setup_logging(level: str) -> None:
+    # nats-server's log line shape, so scripts that scrape its stderr read ours too.
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"[{os.getpid()}] %(asctime)s.%(msecs)03d000 [%(levelname).3s] %(message)s",
+        datefmt="%Y/%m/%d %H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="NATS client port (-1 picks a free one).")
+    ] = None,
+    http_port: Annotated[
+        int | None, typer.Option(help="HTTP port for /healthz, /varz (-1 picks a free one).")
+    ] = None,
+    store: Annotated[
+        str | None, typer.Option(help="Storage: sqlite:DIR (default sqlite:./tether-data) or memory.")
+    ] = None,
+    store_dir: Annotated[
+        str | None, typer.Option(help="Same as --store sqlite:DIR (nats-server's -sd).")
+    ] = None,
+    sync: Annotated[
+        str | None, typer.Option(help="'always' (fsync every group commit) or 'os'.")
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML configuration file.")] = None,
+    auth_token: Annotated[str | None, typer.Option(help="Require this token.")] = None,
+    user: Annotated[str | None, typer.Option(help="Require this user.")] = None,
+    password: Annotated[str | None, typer.Option(help="Password for --user.")] = None,
+    max_payload: Annotated[int | None, typer.Option(help="Largest message payload.")] = None,
+    max_connections: Annotated[int | None, typer.Option(help="Most client connections.")] = None,
+    max_pending: Annotated[
+        int | None, typer.Option(help="Outbound bytes per connection before Slow Consumer.")
+    ] = None,
+    server_name: Annotated[str | None, typer.Option(help="Server name reported in INFO.")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
+    jetstream: Annotated[
+        bool, typer.Option("--jetstream", help="Accepted for nats-server compatibility.")
+    ] = False,
+) -> None:
+    """Run the broker."""
+    from tether.server.app import Tether
+    from tether.server.config import load_config
+
+    overrides: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "http_port": http_port,
+        "store": store if store is not None else (f"sqlite:{store_dir}" if store_dir else None),
+        "sync": sync,
+        "auth_token": auth_token,
+        "user": user,
+        "password": password,
+        "max_payload": max_payload,
+        "max_connections": max_connections,
+        "max_pending": max_pending,
+        "server_name": server_name,
+        "log_level": log_level,
+    }
+    try:
+        cfg = load_config(config, overrides)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"tether: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _setup_logging(cfg.log_level)
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is optional on some platforms
+        runner = asyncio.run
+    try:
+        runner(Tether(cfg).run_until_signalled())
+    except OSError as exc:
+        logging.getLogger("tether").error("cannot start: %s", exc)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(__version__)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = normalize(list(sys.argv[1:] if argv is None else argv))
+    app(args=args, prog_name="tether")

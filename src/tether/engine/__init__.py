@@ -1,0 +1,1 @@
+"""The broker engine: subjects, streams, consumers."""

@@ -1,0 +1,1 @@
+"""Pure wire protocols: bytes in, bytes out. No sockets, no engine."""

@@ -1,0 +1,1 @@
+"""The HTTP front door: monitoring now, the webhook-broker compatible API later."""

@@ -1,0 +1,58 @@
+"""Runs the Starlette app on uvicorn inside the broker's own event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Generator
+
+import uvicorn
+from starlette.applications import Starlette
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The broker owns SIGTERM/SIGINT and stops this listener itself.
+        yield
+
+
+class HttpListener:
+    """An HTTP listener sharing the broker's loop; ``port`` is known after :meth:`start`."""
+
+    def __init__(self, app: Starlette, host: str, port: int) -> None:
+        self._app = app
+        self._host = host
+        self._requested_port = port if port > 0 else 0
+        self.port = 0
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self._host, self._requested_port))
+        sock.listen(1024)
+        sock.setblocking(False)
+        self.port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            self._app, log_level="warning", lifespan="off", access_log=False, loop="none"
+        )
+        self._server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises the startup error
+                raise RuntimeError("HTTP listener stopped during startup")
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._server = None
+        self._task = None

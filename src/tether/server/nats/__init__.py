@@ -1,0 +1,1 @@
+"""The NATS client protocol front door."""

@@ -1,0 +1,134 @@
+"""Core NATS routing: who gets a copy of a published message.
+
+Client subscriptions and the server's own internal subscriptions (the JetStream API,
+streams capturing subjects) live in one subject index, so a request to a stream's
+subject has a responder exactly as on nats-server.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from tether.engine.subjects import SubjectIndex
+from tether.protocol.nats.commands import encode
+
+if TYPE_CHECKING:
+    from tether.server.nats.connection import ClientConnection
+
+
+class Subscriber(Protocol):
+    """Anything the router can deliver to."""
+
+    client: ClientConnection | None
+    queue: str
+
+    def deliver(
+        self, subject: str, reply: str, headers: bytes | None, payload: bytes, sb: bytes, rb: bytes
+    ) -> None: ...
+
+
+InternalHandler = Callable[[str, str, bytes | None, bytes], None]
+
+
+class InternalSubscription:
+    """A server-side subscriber: calls ``handler(subject, reply, headers, payload)``."""
+
+    __slots__ = ("client", "handler", "queue", "subject")
+
+    def __init__(self, subject: str, handler: InternalHandler, queue: str = "") -> None:
+        self.subject = subject
+        self.handler = handler
+        self.queue = queue
+        self.client: ClientConnection | None = None
+
+    def deliver(
+        self, subject: str, reply: str, headers: bytes | None, payload: bytes, sb: bytes, rb: bytes
+    ) -> None:
+        self.handler(subject, reply, headers, payload)
+
+
+# Pre-built no-responders status: nats-server names the original subject in a header.
+def _no_responders_block(subject: str) -> bytes:
+    return b"NATS/1.0 503\r\nNats-Subject: " + encode(subject) + b"\r\n\r\n"
+
+
+class Router:
+    """Matches published subjects to subscribers and hands each one its copy."""
+
+    __slots__ = ("_choice", "index", "out_bytes", "out_msgs")
+
+    def __init__(self) -> None:
+        self.index: SubjectIndex[Subscriber] = SubjectIndex()
+        self.out_msgs = 0
+        self.out_bytes = 0
+        self._choice = random.choice
+
+    def subscribe_internal(
+        self, subject: str, handler: InternalHandler, queue: str = ""
+    ) -> InternalSubscription:
+        sub = InternalSubscription(subject, handler, queue)
+        self.index.add(subject, sub, queue or None)
+        return sub
+
+    def unsubscribe_internal(self, sub: InternalSubscription) -> None:
+        self.index.remove(sub.subject, sub, sub.queue or None)
+
+    def has_interest(self, subject: str) -> bool:
+        m = self.index.match(subject)
+        return bool(m.plain or m.groups)
+
+    def publish(
+        self,
+        origin: ClientConnection | None,
+        subject: str,
+        reply: str,
+        headers: bytes | None,
+        payload: bytes,
+    ) -> int:
+        """Deliver to every matching subscriber; returns how many copies went out."""
+        m = self.index.match(subject)
+        plain = m.plain
+        groups = m.groups
+        if not plain and not groups:
+            if reply and origin is not None and origin.no_responders:
+                self._no_responders(origin, subject, reply)
+            return 0
+        sb = encode(subject)
+        rb = encode(reply) if reply else b""
+        no_echo = origin is not None and not origin.echo
+        sent = 0
+        for sub in plain:
+            if no_echo and sub.client is origin:
+                continue
+            sub.deliver(subject, reply, headers, payload, sb, rb)
+            sent += 1
+        for members in groups:
+            if no_echo:
+                members = tuple(s for s in members if s.client is not origin)
+                if not members:
+                    continue
+            member = members[0] if len(members) == 1 else self._choice(members)
+            member.deliver(subject, reply, headers, payload, sb, rb)
+            sent += 1
+        if sent == 0 and reply and origin is not None and origin.no_responders:
+            self._no_responders(origin, subject, reply)
+        return sent
+
+    def _no_responders(self, origin: ClientConnection, subject: str, reply: str) -> None:
+        if not origin.headers:
+            return
+        # Sent only to the requester's own subscription on the reply subject.
+        m = self.index.match(reply)
+        block = _no_responders_block(subject)
+        rb = encode(reply)
+        for sub in m.plain:
+            if sub.client is origin:
+                sub.deliver(reply, "", block, b"", rb, b"")
+                return
+        for members in m.groups:
+            for sub in members:
+                if sub.client is origin:
+                    sub.deliver(reply, "", block, b"", rb, b"")
+                    return

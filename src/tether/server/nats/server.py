@@ -1,0 +1,138 @@
+"""The NATS front door: listens for clients and holds the core routing state."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import string
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tether.server.config import ServerConfig
+from tether.server.nats.connection import ClientConnection
+from tether.server.nats.router import Router
+from tether.version import NATS_COMPAT_VERSION, __version__
+
+log = logging.getLogger("tether.nats")
+
+_ID_ALPHABET = string.ascii_uppercase + string.digits
+
+
+def new_server_id() -> str:
+    # Same shape as nats-server's public-key ids: 'N' + 55 base32-ish characters.
+    return "N" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(55))
+
+
+class NatsServer:
+    """Accepts NATS client connections and routes their messages."""
+
+    def __init__(self, config: ServerConfig, router: Router | None = None) -> None:
+        self.config = config
+        self.router = router or Router()
+        self.server_id = new_server_id()
+        self.server_name = config.server_name or self.server_id
+        self.jetstream = False
+        self.connections: dict[int, ClientConnection] = {}
+        self.total_connections = 0
+        self.slow_consumers = 0
+        self.started_at = time.time()
+        self.port = 0
+        self._next_cid = 0
+        self._listener: asyncio.Server | None = None
+        self._interest_watchers: list[Callable[[str], None]] = []
+        self._closed_in_msgs = 0
+        self._closed_in_bytes = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        port = self.config.port if self.config.port > 0 else 0
+        self._listener = await loop.create_server(
+            self._new_connection, self.config.host, port, reuse_address=True, backlog=1024
+        )
+        sock = self._listener.sockets[0]
+        self.port = int(sock.getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop accepting, flush what each client is owed, then close every connection."""
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self.connections.values()):
+            conn.closing = False
+            if conn.transport is not None:
+                conn._flush()  # noqa: SLF001 - final flush before close
+                conn.transport.close()
+        deadline = time.monotonic() + 2.0
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections.values()):
+            if conn.transport is not None:
+                conn.transport.abort()
+        if self._listener is not None:
+            await self._listener.wait_closed()
+            self._listener = None
+
+    def _new_connection(self) -> ClientConnection:
+        self._next_cid += 1
+        return ClientConnection(self, self._next_cid)
+
+    # -- connection bookkeeping ----------------------------------------------------------
+    def admit(self, conn: ClientConnection) -> bool:
+        if len(self.connections) >= self.config.max_connections:
+            return False
+        self.connections[conn.cid] = conn
+        self.total_connections += 1
+        return True
+
+    def remove(self, conn: ClientConnection) -> None:
+        if self.connections.pop(conn.cid, None) is not None:
+            self._closed_in_msgs += conn.in_msgs
+            self._closed_in_bytes += conn.in_bytes
+            self.router.out_msgs += conn.out_msgs
+            self.router.out_bytes += conn.out_bytes
+
+    def info_for(self, conn: ClientConnection) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "server_id": self.server_id,
+            "server_name": self.server_name,
+            "version": NATS_COMPAT_VERSION,
+            "proto": 1,
+            "go": f"tether/{__version__}",
+            "host": self.config.host,
+            "port": self.port,
+            "headers": True,
+            "max_payload": self.config.max_payload,
+            "jetstream": self.jetstream,
+            "client_id": conn.cid,
+            "client_ip": conn.remote[0],
+        }
+        if self.config.auth_required:
+            info["auth_required"] = True
+        return info
+
+    # -- interest --------------------------------------------------------------------------
+    def watch_interest(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(subject)`` whenever a client subscription is added or removed."""
+        self._interest_watchers.append(callback)
+
+    def on_interest_change(self, subject: str) -> None:
+        for callback in self._interest_watchers:
+            callback(subject)
+
+    # -- statistics --------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        in_msgs = self._closed_in_msgs + sum(c.in_msgs for c in self.connections.values())
+        in_bytes = self._closed_in_bytes + sum(c.in_bytes for c in self.connections.values())
+        return {
+            "connections": len(self.connections),
+            "total_connections": self.total_connections,
+            "in_msgs": in_msgs,
+            "in_bytes": in_bytes,
+            "out_msgs": self.router.out_msgs + sum(c.out_msgs for c in self.connections.values()),
+            "out_bytes": self.router.out_bytes
+            + sum(c.out_bytes for c in self.connections.values()),
+            "subscriptions": len(self.router.index),
+            "slow_consumers": self.slow_consumers,
+        }

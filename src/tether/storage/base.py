@@ -1,0 +1,173 @@
+"""The narrow, domain-level storage interface every backend implements.
+
+The engine keeps its own in-memory index of each stream (sequences, subjects, sizes,
+timestamps) and decides *what* to store or delete; a backend only persists and reads
+back. Writes are buffered into the current **group commit**: every write made during
+one event-loop tick goes to the backend in one transaction, and each write call
+returns the same awaitable for that tick, which completes once the transaction is
+durable (or fails with :class:`StorageError`).
+
+Configurations and consumer states are opaque ``bytes`` to the backend: the engine
+owns their encoding, so a schema change never needs a storage migration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import msgspec
+
+
+class StorageError(Exception):
+    """A backend could not durably commit or read (disk full, read-only dir, corruption)."""
+
+
+class StoredMessage(msgspec.Struct, frozen=True, gc=False):
+    """One message of a stream as persisted.
+
+    ``headers`` is the raw ``NATS/1.0`` header block (empty when the message has none),
+    kept as sent so it can be replayed byte for byte.
+    """
+
+    seq: int
+    subject: str
+    headers: bytes
+    data: bytes
+    ts: int  # nanoseconds since the Unix epoch, assigned when the message was stored
+    priority: int = 0
+
+    @property
+    def size(self) -> int:
+        # nats-server's per-message accounting: subject + headers + payload + 16 bytes overhead.
+        return len(self.subject) + len(self.headers) + len(self.data) + 16
+
+
+class MessageMeta(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    """What the engine indexes in memory for each stored message (no payload)."""
+
+    seq: int
+    subject: str
+    size: int
+    ts: int
+    priority: int = 0
+
+
+class StreamRecord(msgspec.Struct, frozen=True):
+    """A stream's persisted definition."""
+
+    name: str
+    config: bytes  # engine-encoded configuration
+    created_ns: int
+
+
+class ConsumerRecord(msgspec.Struct, frozen=True):
+    """A consumer's persisted definition and its latest state snapshot."""
+
+    stream: str
+    name: str
+    config: bytes  # engine-encoded configuration
+    state: bytes  # engine-encoded delivery state (cursor, ack floor, pending, dead set)
+    created_ns: int
+
+
+class Store(ABC):
+    """A storage backend. Reads are async and never block the event loop.
+
+    Write methods are plain (non-async) calls that enqueue the change into the current
+    group commit and return that commit's awaitable. Callers that need durability
+    (a PubAck, an API reply) await it; callers that do not may ignore it. Changes are
+    applied in the order they were made.
+    """
+
+    name: str = "abstract"
+
+    # -- lifecycle -------------------------------------------------------------------
+    @abstractmethod
+    async def open(self) -> None:
+        """Prepare the backend (create files, schema, start the writer)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Commit what is pending, stop the writer and release every resource."""
+
+    # -- loading at startup ------------------------------------------------------------
+    @abstractmethod
+    async def load_streams(self) -> list[StreamRecord]:
+        """Every stream, ordered by name."""
+
+    @abstractmethod
+    async def load_index(self, stream: str) -> list[MessageMeta]:
+        """The metadata of every message of ``stream``, ordered by sequence."""
+
+    @abstractmethod
+    async def load_consumers(self, stream: str) -> list[ConsumerRecord]:
+        """Every consumer of ``stream``, ordered by name."""
+
+    @abstractmethod
+    async def load_last_seq(self, stream: str) -> int:
+        """The highest sequence ever assigned in ``stream`` (survives deleting the tail)."""
+
+    # -- reads ------------------------------------------------------------------------
+    @abstractmethod
+    async def read(self, stream: str, seq: int) -> StoredMessage | None:
+        """The message with sequence ``seq``, or None if absent or deleted."""
+
+    @abstractmethod
+    async def read_range(
+        self, stream: str, start_seq: int, limit: int, max_bytes: int = 0
+    ) -> list[StoredMessage]:
+        """Up to ``limit`` messages with seq >= ``start_seq`` in order.
+
+        With ``max_bytes`` > 0 the result stops before the message that would take the
+        total of :attr:`StoredMessage.size` over it (but always holds at least one).
+        """
+
+    @abstractmethod
+    async def read_many(self, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
+        """The messages with the given sequences that exist, in ascending sequence order."""
+
+    def cached(self, stream: str, seq: int) -> StoredMessage | None:
+        """A message if the backend can return it without I/O, else None.
+
+        Lets hot paths (delivering what was just published) skip a thread hop.
+        """
+        return None
+
+    # -- writes (group commit) -------------------------------------------------------
+    @abstractmethod
+    def put_stream(self, record: StreamRecord) -> asyncio.Future[None]:
+        """Create or replace a stream definition."""
+
+    @abstractmethod
+    def delete_stream(self, stream: str) -> asyncio.Future[None]:
+        """Delete a stream with all its messages and consumers."""
+
+    @abstractmethod
+    def append(self, stream: str, message: StoredMessage) -> asyncio.Future[None]:
+        """Append one message; its ``seq`` is greater than every earlier one."""
+
+    @abstractmethod
+    def delete_messages(self, stream: str, seqs: Sequence[int]) -> asyncio.Future[None]:
+        """Delete the given messages (missing ones are ignored)."""
+
+    @abstractmethod
+    def delete_range(self, stream: str, first_seq: int, last_seq: int) -> asyncio.Future[None]:
+        """Delete every message with ``first_seq <= seq <= last_seq``."""
+
+    @abstractmethod
+    def put_consumer(self, record: ConsumerRecord) -> asyncio.Future[None]:
+        """Create or replace a consumer's definition and state."""
+
+    @abstractmethod
+    def put_consumer_state(self, stream: str, name: str, state: bytes) -> asyncio.Future[None]:
+        """Replace a consumer's state snapshot (the consumer exists)."""
+
+    @abstractmethod
+    def delete_consumer(self, stream: str, name: str) -> asyncio.Future[None]:
+        """Delete a consumer."""
+
+    @abstractmethod
+    def flush(self) -> asyncio.Future[None]:
+        """The awaitable of the current group commit (completes at once if none pending)."""
