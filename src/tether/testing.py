@@ -101,8 +101,11 @@ class RunningServer:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, env=env,
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
         )
         ready = threading.Event()
         self._reader = threading.Thread(target=self._read_stderr, args=(ready,), daemon=True)
@@ -188,4 +191,3 @@ def run_server(
         yield server.start()
     finally:
         server.cleanup()
-

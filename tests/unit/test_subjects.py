@@ -295,6 +295,8 @@ ops: st.SearchStrategy[Op] = st.one_of(
     st.tuples(st.just("remove"), filters, items, queues),
     # Usually removes target a live entry (picked by index) so removal paths get exercised.
     st.tuples(st.just("remove_existing"), st.just(""), st.integers(0, 1000), st.none()),
+    # Removes the live entries selected by the bits of the number, plus an unknown one.
+    st.tuples(st.just("remove_many"), filters, st.integers(0, 2**16), st.none()),
     st.tuples(st.just("match"), universe_subjects, st.just(0), st.none()),
 )
 
@@ -326,6 +328,11 @@ def test_index_against_brute_force(operations: list[Op], cache_size: int) -> Non
             entry = sorted(entries, key=repr)[number % len(entries)]
             index.remove(*entry)
             entries.discard(entry)
+        elif kind == "remove_many":
+            live = sorted(entries, key=repr)
+            chosen = [e for i, e in enumerate(live) if number >> (i % 17) & 1]
+            index.remove_many([*chosen, (text, 99, None)])
+            entries.difference_update(chosen)
         elif kind == "add":
             index.add(text, number, queue)
             entries.add((text, number, queue))
@@ -402,6 +409,43 @@ def test_remove_unknown_is_noop() -> None:
     index.remove("not valid..", "a")
     assert len(index) == 1
     assert index.match("foo.bar").plain == ("a",)
+
+
+def test_remove_many_sweeps_cache_once_for_all_filters() -> None:
+    index: SubjectIndex[str] = SubjectIndex()
+    index.add("a.*", "s1")
+    index.add("a.>", "s1", "q")
+    index.add("*.b", "s2")
+    index.add("a.b", "s3")
+    index.add("c.d", "s3")
+    untouched = index.match("x.y")
+    assert sorted(index.match("a.b").plain) == ["s1", "s2", "s3"]
+    index.remove_many(
+        [("a.*", "s1", None), ("a.>", "s1", "q"), ("a.b", "s3", None), ("a.*", "gone", None)]
+    )
+    assert len(index) == 2
+    assert index.match("a.b").plain == ("s2",)
+    assert index.match("a.b").groups == ()
+    assert index.match("c.d").plain == ("s3",)
+    assert index.match("x.y") is untouched
+    index.remove_many(iter([("*.b", "s2", None)]))
+    assert index.match("a.b") is EMPTY_MATCH
+
+
+def test_remove_many_with_too_many_wildcards_stays_correct() -> None:
+    index: SubjectIndex[int] = SubjectIndex()
+    entries = [(f"w{i}.*", i, None) for i in range(300)]
+    for f, item, _ in entries:
+        index.add(f, item)
+    index.add("keep.*", -1)
+    for i in range(300):
+        assert index.match(f"w{i}.x").plain == (i,)
+    assert index.match("keep.x").plain == (-1,)
+    index.remove_many(entries)
+    for i in range(300):
+        assert index.match(f"w{i}.x") is EMPTY_MATCH
+    assert index.match("keep.x").plain == (-1,)
+    assert len(index) == 1
 
 
 def test_remove_prunes_and_readd_works() -> None:

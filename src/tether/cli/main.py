@@ -42,7 +42,8 @@ def serve(
         int | None, typer.Option(help="HTTP port for /healthz, /varz (-1 picks a free one).")
     ] = None,
     store: Annotated[
-        str | None, typer.Option(help="Storage: sqlite:DIR (default sqlite:./tether-data) or memory.")
+        str | None,
+        typer.Option(help="Storage: sqlite:DIR (default sqlite:./tether-data) or memory."),
     ] = None,
     store_dir: Annotated[
         str | None, typer.Option(help="Same as --store sqlite:DIR (nats-server's -sd).")

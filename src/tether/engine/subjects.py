@@ -158,8 +158,8 @@ def is_subset(narrow: str, wide: str) -> bool:
 class Match(Generic[T]):
     """The subscribers of one subject, as returned by :meth:`SubjectIndex.match`.
 
-    Instances are shared between calls (they live in the index's cache), so they are
-    immutable; callers must not rely on identity beyond that.
+    Instances live in the index's match cache and are handed to every caller asking
+    about the same subject, which is why they are immutable.
 
     ``plain`` holds every non-queue entry whose filter matches, once per entry (an
     item added under two matching filters appears twice). ``groups`` holds one tuple

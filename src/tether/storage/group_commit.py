@@ -17,6 +17,7 @@ arrived while the previous one was in progress.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from abc import abstractmethod
@@ -217,10 +218,9 @@ class BatchingStore(Store):
     async def _drain(self) -> None:
         """Wait until every write made so far has been committed (or has failed)."""
         while not self._group.idle:
-            try:
+            # A failed commit was already reported to its writers through their future.
+            with contextlib.suppress(StorageError):
                 await self._group.flush()
-            except StorageError:
-                pass  # already reported to the writers through their futures
 
     def put_stream(self, record: StreamRecord) -> asyncio.Future[None]:
         return self._group.add((PUT_STREAM, record))
@@ -341,7 +341,9 @@ class ThreadCommitter(Generic[C]):
         loop = asyncio.get_running_loop()
         self._loop = loop
         ready: asyncio.Future[None] = loop.create_future()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name=self._name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name=self._name, daemon=True
+        )
         self._thread.start()
         try:
             await ready
@@ -381,10 +383,9 @@ class ThreadCommitter(Generic[C]):
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
         assert loop is not None
-        try:
+        # RuntimeError: the loop is closed, nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            pass  # the loop is closed: nobody is left to tell
 
     def _run(self, ready: asyncio.Future[None]) -> None:
         try:

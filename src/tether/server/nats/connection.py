@@ -107,7 +107,7 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote = (str(peer[0]), int(peer[1]))
-        transport.write(encode_info(self.server.info_for(self)))
+        self.transport.write(encode_info(self.server.info_for(self)))
         if not self.server.admit(self):
             self.close_with_error(errors.MAX_CONNECTIONS)
             return

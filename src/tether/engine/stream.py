@@ -1,0 +1,397 @@
+"""A stream's in-memory index and rules: append, limits, retention, dedup, purge.
+
+The stream decides; storage persists. A :class:`Stream` holds the metadata of every
+live message (sequence, subject, size, timestamp, priority) but no payloads, so every
+rule (limits, per-subject history, last-by-subject, dedup, pending counts) is answered
+without I/O. The broker turns the decisions into storage writes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from tether.engine import errors
+from tether.engine.stream_config import StreamConfig
+from tether.engine.subjects import is_literal, subject_matches
+from tether.storage.base import MessageMeta
+
+# Headers the publish path reads (exact spelling as clients send them).
+MSG_ID = b"Nats-Msg-Id"
+EXPECTED_STREAM = b"Nats-Expected-Stream"
+EXPECTED_LAST_SEQ = b"Nats-Expected-Last-Sequence"
+EXPECTED_LAST_SUBJ_SEQ = b"Nats-Expected-Last-Subject-Sequence"
+EXPECTED_LAST_SUBJ_SEQ_SUBJECT = b"Nats-Expected-Last-Subject-Sequence-Subject"
+EXPECTED_LAST_MSG_ID = b"Nats-Expected-Last-Msg-Id"
+ROLLUP = b"Nats-Rollup"
+PRIORITY = b"Tether-Priority"
+
+
+class StreamState:
+    """Counters nats-server reports in ``state``."""
+
+    __slots__ = ("bytes", "first_seq", "first_ts", "last_seq", "last_ts", "msgs")
+
+    def __init__(self) -> None:
+        self.msgs = 0
+        self.bytes = 0
+        self.first_seq = 0
+        self.first_ts = 0
+        self.last_seq = 0
+        self.last_ts = 0
+
+
+class Stream:
+    """One stream: configuration plus the index of its live messages."""
+
+    def __init__(self, config: StreamConfig, created_ns: int) -> None:
+        self.config = config
+        self.created_ns = created_ns
+        self.name = config.name
+        self.state = StreamState()
+        self._msgs: dict[int, MessageMeta] = {}
+        # Sequences in append order; deletions are lazy (skipped when no longer in _msgs),
+        # because deleting from the front of a dict makes later scans slow.
+        self._order: deque[int] = deque()
+        self._by_subject: dict[str, deque[int]] = {}
+        # Dedup window: msg id -> (seq, ts) and the ids in arrival order for expiry.
+        self._dedup: dict[str, tuple[int, int]] = {}
+        self._dedup_order: deque[tuple[int, str]] = deque()
+        # The msg id of the last message (for Nats-Expected-Last-Msg-Id).
+        self.last_msg_id = ""
+        self.consumer_count = 0
+
+    # -- loading -------------------------------------------------------------------------
+    def load(self, index: Iterable[MessageMeta], last_seq: int) -> None:
+        for meta in index:
+            self._add(meta)
+        st = self.state
+        st.last_seq = max(st.last_seq, last_seq)
+        if st.msgs == 0:
+            st.first_seq = st.last_seq + 1
+
+    def remember_msg_id(self, msg_id: str, seq: int, ts: int) -> None:
+        """Restore a dedup entry after restart (only ids still inside the window)."""
+        self._dedup[msg_id] = (seq, ts)
+        self._dedup_order.append((ts, msg_id))
+        if seq == self.state.last_seq:
+            self.last_msg_id = msg_id
+
+    # -- reads ----------------------------------------------------------------------------
+    def meta(self, seq: int) -> MessageMeta | None:
+        return self._msgs.get(seq)
+
+    def __len__(self) -> int:
+        return self.state.msgs
+
+    @property
+    def first_seq(self) -> int:
+        return self.state.first_seq
+
+    @property
+    def last_seq(self) -> int:
+        return self.state.last_seq
+
+    def seqs(self, start: int = 0) -> Iterator[int]:
+        """Live sequences >= ``start`` in order."""
+        msgs = self._msgs
+        if start <= self.state.first_seq:
+            for seq in self._order:
+                if seq in msgs:
+                    yield seq
+            return
+        # Sequences are dense apart from deletions: walk the range.
+        last = self.state.last_seq
+        seq = start
+        while seq <= last:
+            if seq in msgs:
+                yield seq
+            seq += 1
+
+    def seqs_matching(self, start: int, filters: tuple[str, ...]) -> Iterator[int]:
+        """Live sequences >= ``start`` whose subject matches any filter, in order."""
+        if not filters:
+            yield from self.seqs(start)
+            return
+        if len(filters) == 1 and is_literal(filters[0]):
+            dq = self._by_subject.get(filters[0])
+            if not dq:
+                return
+            items = list(dq) if start > dq[0] else dq
+            idx = bisect.bisect_left(items, start) if start > dq[0] else 0
+            for i in range(idx, len(items)):
+                yield items[i]
+            return
+        subjects = self.matching_subjects(filters)
+        if not subjects:
+            return
+        if len(subjects) * 4 < self.state.msgs:
+            # Few matching subjects: merge their (sorted) sequence lists.
+            merged = sorted(s for subj in subjects for s in self._by_subject[subj] if s >= start)
+            yield from merged
+            return
+        msgs = self._msgs
+        for seq in self.seqs(start):
+            if msgs[seq].subject in subjects:
+                yield seq
+
+    def matching_subjects(self, filters: tuple[str, ...]) -> set[str]:
+        out: set[str] = set()
+        for f in filters:
+            if is_literal(f):
+                if f in self._by_subject:
+                    out.add(f)
+            else:
+                out.update(s for s in self._by_subject if subject_matches(f, s))
+        return out
+
+    def count_matching(self, start: int, filters: tuple[str, ...]) -> int:
+        """How many live messages with seq >= ``start`` match (``num_pending``)."""
+        if start <= self.state.first_seq and not filters:
+            return self.state.msgs
+        if not filters:
+            return sum(1 for _ in self.seqs(start))
+        total = 0
+        for subj in self.matching_subjects(filters):
+            dq = self._by_subject[subj]
+            if start <= dq[0]:
+                total += len(dq)
+            else:
+                total += len(dq) - bisect.bisect_left(list(dq), start)
+        return total
+
+    def last_by_subject(self, filter_: str) -> int:
+        """Highest sequence whose subject matches ``filter_`` (wildcards allowed), or 0."""
+        if is_literal(filter_):
+            dq = self._by_subject.get(filter_)
+            return dq[-1] if dq else 0
+        best = 0
+        for subj, dq in self._by_subject.items():
+            if dq[-1] > best and subject_matches(filter_, subj):
+                best = dq[-1]
+        return best
+
+    def next_by_subject(self, start: int, filter_: str) -> int:
+        for seq in self.seqs_matching(start, (filter_,)):
+            return seq
+        return 0
+
+    def subjects_state(self, filter_: str) -> dict[str, int]:
+        return {
+            subj: len(dq)
+            for subj, dq in self._by_subject.items()
+            if filter_ in ("", ">") or subject_matches(filter_, subj)
+        }
+
+    def info_state(self) -> dict[str, Any]:
+        st = self.state
+        first_ts = 0
+        if st.msgs:
+            first = self._msgs.get(st.first_seq)
+            first_ts = first.ts if first else 0
+        return {
+            "messages": st.msgs,
+            "bytes": st.bytes,
+            "first_seq": st.first_seq,
+            "first_ts": first_ts,
+            "last_seq": st.last_seq,
+            "last_ts": st.last_ts,
+            "num_subjects": len(self._by_subject),
+            "consumer_count": self.consumer_count,
+        }
+
+    # -- publish checks --------------------------------------------------------------------
+    def duplicate_of(self, msg_id: str, now: int) -> int:
+        """The sequence of an earlier message with this id inside the window, or 0."""
+        self.expire_dedup(now)
+        hit = self._dedup.get(msg_id)
+        return hit[0] if hit else 0
+
+    def expire_dedup(self, now: int) -> None:
+        cutoff = now - self.config.duplicate_window
+        order = self._dedup_order
+        dedup = self._dedup
+        while order and order[0][0] < cutoff:
+            ts, msg_id = order.popleft()
+            hit = dedup.get(msg_id)
+            if hit is not None and hit[1] == ts:
+                del dedup[msg_id]
+
+    def check_expectations(
+        self,
+        subject: str,
+        expected_stream: bytes | None,
+        expected_last_seq: bytes | None,
+        expected_subj_seq: bytes | None,
+        expected_subj_seq_subject: bytes | None,
+        expected_last_msg_id: bytes | None,
+    ) -> None:
+        """Optimistic-concurrency headers; raises the peer's errors."""
+        if expected_stream is not None and expected_stream.decode() != self.name:
+            raise errors.expected_stream_mismatch()
+        if expected_last_seq is not None:
+            want = _int_header(expected_last_seq)
+            if want != self.state.last_seq:
+                raise errors.wrong_last_sequence(self.state.last_seq)
+        if expected_subj_seq is not None:
+            want = _int_header(expected_subj_seq)
+            on = subject
+            if expected_subj_seq_subject is not None:
+                on = expected_subj_seq_subject.decode()
+            have = self.last_by_subject(on)
+            if want != have:
+                raise errors.wrong_last_sequence(have)
+        if expected_last_msg_id is not None:
+            want_id = expected_last_msg_id.decode()
+            if want_id != self.last_msg_id:
+                raise errors.wrong_last_msg_id(self.last_msg_id)
+
+    def check_limits_for_new(self, subject: str, size: int) -> None:
+        """With ``discard: new``: refuse a message that would exceed a limit."""
+        cfg = self.config
+        st = self.state
+        if cfg.max_msg_size >= 0 and size > cfg.max_msg_size:
+            raise errors.message_too_large()
+        if cfg.discard != "new":
+            return
+        if cfg.max_msgs > 0 and st.msgs >= cfg.max_msgs:
+            raise errors.store_failed("maximum messages exceeded")
+        if cfg.max_bytes > 0 and st.bytes + size > cfg.max_bytes:
+            raise errors.store_failed("maximum bytes exceeded")
+        if cfg.discard_new_per_subject and cfg.max_msgs_per_subject > 0:
+            dq = self._by_subject.get(subject)
+            if dq is not None and len(dq) >= cfg.max_msgs_per_subject:
+                raise errors.store_failed("maximum messages per subject exceeded")
+
+    # -- writes -----------------------------------------------------------------------------
+    def append(self, meta: MessageMeta, msg_id: str) -> list[int]:
+        """Add a message (seq = last_seq + 1); returns the sequences the limits evict."""
+        self._add(meta)
+        st = self.state
+        st.last_ts = meta.ts
+        if msg_id:
+            self._dedup[msg_id] = (meta.seq, meta.ts)
+            self._dedup_order.append((meta.ts, msg_id))
+        self.last_msg_id = msg_id
+        return self._enforce_limits(meta.subject)
+
+    def _add(self, meta: MessageMeta) -> None:
+        seq = meta.seq
+        self._msgs[seq] = meta
+        self._order.append(seq)
+        dq = self._by_subject.get(meta.subject)
+        if dq is None:
+            dq = self._by_subject[meta.subject] = deque()
+        dq.append(seq)
+        st = self.state
+        if st.msgs == 0:
+            st.first_seq = seq
+        st.msgs += 1
+        st.bytes += meta.size
+        if seq > st.last_seq:
+            st.last_seq = seq
+            st.last_ts = meta.ts
+
+    def _enforce_limits(self, subject: str) -> list[int]:
+        cfg = self.config
+        st = self.state
+        evicted: list[int] = []
+        if cfg.max_msgs_per_subject > 0:
+            dq = self._by_subject[subject]
+            while len(dq) > cfg.max_msgs_per_subject:
+                evicted.append(dq[0])
+                self.remove(dq[0])
+        if cfg.max_msgs > 0:
+            while st.msgs > cfg.max_msgs:
+                evicted.append(st.first_seq)
+                self.remove(st.first_seq)
+        if cfg.max_bytes > 0:
+            while st.bytes > cfg.max_bytes and st.msgs:
+                evicted.append(st.first_seq)
+                self.remove(st.first_seq)
+        return evicted
+
+    def _enforce_limits_all(self) -> list[int]:
+        """After a configuration update: apply the (possibly tighter) limits everywhere."""
+        evicted: list[int] = []
+        for subject in list(self._by_subject):
+            if subject in self._by_subject:
+                evicted += self._enforce_limits(subject)
+        return sorted(evicted)
+
+    def expired(self, now: int) -> list[int]:
+        """Sequences older than ``max_age`` (oldest first), removed from the index."""
+        if not self.config.max_age or not self.state.msgs:
+            return []
+        cutoff = now - self.config.max_age
+        out: list[int] = []
+        while self.state.msgs:
+            first = self._msgs[self.state.first_seq]
+            if first.ts > cutoff:
+                break
+            out.append(first.seq)
+            self.remove(first.seq)
+        return out
+
+    def next_expiry(self) -> int:
+        """When the oldest message expires (ns since epoch), or 0 if never."""
+        if not self.config.max_age or not self.state.msgs:
+            return 0
+        return self._msgs[self.state.first_seq].ts + self.config.max_age
+
+    def remove(self, seq: int) -> MessageMeta | None:
+        meta = self._msgs.pop(seq, None)
+        if meta is None:
+            return None
+        st = self.state
+        st.msgs -= 1
+        st.bytes -= meta.size
+        dq = self._by_subject[meta.subject]
+        if dq[0] == seq:
+            dq.popleft()
+        else:
+            dq.remove(seq)
+        if not dq:
+            del self._by_subject[meta.subject]
+        if seq == st.first_seq:
+            order = self._order
+            msgs = self._msgs
+            while order and order[0] not in msgs:
+                order.popleft()
+            st.first_seq = order[0] if order else st.last_seq + 1
+        return meta
+
+    def purge(self, filter_: str = "", up_to_seq: int = 0, keep: int = 0) -> list[int]:
+        """nats-server's purge: optional subject filter, below ``up_to_seq``, keep newest N.
+
+        Returns the removed sequences in order.
+        """
+        if filter_ and filter_ != ">":
+            candidates = list(self.seqs_matching(0, (filter_,)))
+        else:
+            candidates = list(self.seqs(0))
+        if up_to_seq:
+            candidates = [s for s in candidates if s < up_to_seq]
+        elif keep:
+            # nats-server keeps the newest `keep` of everything the filter matches.
+            candidates = candidates[:-keep] if keep < len(candidates) else []
+        for seq in candidates:
+            self.remove(seq)
+        if not self.state.msgs:
+            self.state.first_seq = self.state.last_seq + 1
+        return candidates
+
+    def rollup(self, subject: str, mode: str) -> list[int]:
+        """Before storing a ``Nats-Rollup`` message: remove what it replaces."""
+        if mode == "sub":
+            return self.purge(subject)
+        return self.purge()
+
+
+def _int_header(raw: bytes) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise errors.bad_request("invalid expected header value") from None

@@ -1,0 +1,604 @@
+"""The SQLite backend: one WAL-mode database file, ``tether.db``, in a directory.
+
+* Writes: one dedicated writer thread owns the only write connection and commits
+  each group commit (and whatever queued up behind it) in one explicit transaction.
+  ``sync="always"`` runs ``synchronous=FULL``: every commit is fsynced before its
+  future completes. ``sync="os"`` runs ``synchronous=NORMAL``: a commit survives the
+  process crashing but not the machine losing power.
+* Reads: a two-thread pool, each thread with its own read-only connection; WAL lets
+  them read committed data while the writer writes.
+* ``cached()``: a byte-bounded cache of recently committed messages, filled when their
+  commit completes and kept in step with deletes, so it never holds anything that a
+  read of the database would not return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import msgspec
+
+from tether.storage.base import (
+    ConsumerRecord,
+    MessageMeta,
+    StorageError,
+    StoredMessage,
+    StreamRecord,
+)
+from tether.storage.group_commit import (
+    APPEND,
+    DELETE_CONSUMER,
+    DELETE_MESSAGES,
+    DELETE_RANGE,
+    DELETE_STREAM,
+    PUT_CONSUMER,
+    PUT_CONSUMER_STATE,
+    PUT_STREAM,
+    Batch,
+    BatchingStore,
+    Op,
+    Settled,
+    ThreadCommitter,
+)
+
+__all__ = ["DB_FILENAME", "SqliteStore"]
+
+T = TypeVar("T")
+
+DB_FILENAME = "tether.db"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 5000
+MiB = 1024 * 1024
+
+# -- SQL --------------------------------------------------------------------------------
+# Every statement the backend runs. ``stream_seq`` holds each stream's high-water mark,
+# raised once per stream per transaction, so the last sequence survives deleting the
+# tail messages.
+SQL_SCHEMA = f"""
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS streams (
+    name TEXT NOT NULL PRIMARY KEY,
+    config BLOB NOT NULL,
+    created_ns INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS stream_seq (
+    stream TEXT NOT NULL PRIMARY KEY,
+    last_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages (
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    subject TEXT NOT NULL,
+    headers BLOB NOT NULL,
+    data BLOB NOT NULL,
+    ts INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    PRIMARY KEY (stream, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS consumers (
+    stream TEXT NOT NULL,
+    name TEXT NOT NULL,
+    config BLOB NOT NULL,
+    state BLOB NOT NULL,
+    created_ns INTEGER NOT NULL,
+    PRIMARY KEY (stream, name)
+) WITHOUT ROWID;
+PRAGMA user_version = {SCHEMA_VERSION};
+COMMIT;
+"""
+
+SQL_BEGIN = "BEGIN IMMEDIATE"
+SQL_COMMIT = "COMMIT"
+SQL_ROLLBACK = "ROLLBACK"
+
+SQL_PUT_STREAM = "INSERT OR REPLACE INTO streams (name, config, created_ns) VALUES (?, ?, ?)"
+SQL_DELETE_STREAM = (
+    "DELETE FROM streams WHERE name = ?",
+    "DELETE FROM messages WHERE stream = ?",
+    "DELETE FROM consumers WHERE stream = ?",
+    "DELETE FROM stream_seq WHERE stream = ?",
+)
+SQL_APPEND = (
+    "INSERT OR REPLACE INTO messages (stream, seq, subject, headers, data, ts, priority)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_RAISE_LAST_SEQ = (
+    "INSERT INTO stream_seq (stream, last_seq) VALUES (?, ?)"
+    " ON CONFLICT (stream) DO UPDATE SET last_seq = max(last_seq, excluded.last_seq)"
+)
+SQL_DELETE_MESSAGE = "DELETE FROM messages WHERE stream = ? AND seq = ?"
+SQL_DELETE_RANGE = "DELETE FROM messages WHERE stream = ? AND seq BETWEEN ? AND ?"
+SQL_PUT_CONSUMER = (
+    "INSERT OR REPLACE INTO consumers (stream, name, config, state, created_ns)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
+SQL_PUT_CONSUMER_STATE = "UPDATE consumers SET state = ? WHERE stream = ? AND name = ?"
+SQL_DELETE_CONSUMER = "DELETE FROM consumers WHERE stream = ? AND name = ?"
+
+SQL_LOAD_STREAMS = "SELECT name, config, created_ns FROM streams ORDER BY name"
+SQL_LOAD_CONSUMERS = (
+    "SELECT stream, name, config, state, created_ns FROM consumers WHERE stream = ? ORDER BY name"
+)
+SQL_LOAD_LAST_SEQ = "SELECT last_seq FROM stream_seq WHERE stream = ?"
+# length() of a BLOB is read from the record header, so the payloads are not loaded.
+SQL_LOAD_INDEX = (
+    "SELECT seq, subject, length(subject) + length(headers) + length(data) + 16, ts, priority"
+    " FROM messages WHERE stream = ? ORDER BY seq"
+)
+SQL_READ = (
+    "SELECT seq, subject, headers, data, ts, priority FROM messages WHERE stream = ? AND seq = ?"
+)
+SQL_READ_RANGE = (
+    "SELECT seq, subject, headers, data, ts, priority FROM messages"
+    " WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT ?"
+)
+# The sequences arrive as one JSON array: one statement whatever their number.
+SQL_READ_MANY = (
+    "SELECT seq, subject, headers, data, ts, priority FROM messages"
+    " WHERE stream = ? AND seq IN (SELECT value FROM json_each(?)) ORDER BY seq"
+)
+
+
+# -- the writer -------------------------------------------------------------------------
+
+
+class _Writer:
+    """The write connection and how a batch of ops becomes one transaction.
+
+    Runs only on the writer thread (see :class:`ThreadCommitter`).
+    """
+
+    def __init__(self, path: Path, sync: Literal["always", "os"]) -> None:
+        self.path = path
+        self.sync = sync
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StorageError("the write connection is not open")
+        return self._conn
+
+    def setup(self) -> None:
+        directory = self.path.parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create the storage directory {directory}: {exc.strerror or exc}"
+            ) from exc
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise StorageError(f"the storage directory {directory} is not writable")
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the database {self.path}: {exc}") from exc
+        try:
+            self._configure(conn)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StorageError(f"cannot open the database {self.path}: {exc}") from exc
+            raise
+        self._conn = conn
+
+    def _configure(self, conn: sqlite3.Connection) -> None:
+        (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if str(mode).lower() != "wal":
+            raise StorageError(f"cannot put the database {self.path} in WAL mode (got {mode!r})")
+        conn.execute(
+            "PRAGMA synchronous = FULL" if self.sync == "always" else "PRAGMA synchronous = NORMAL"
+        )
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise StorageError(
+                f"the database {self.path} has schema version {version}, newer than this"
+                f" version of tether supports ({SCHEMA_VERSION})"
+            )
+        conn.executescript(SQL_SCHEMA)
+
+    def teardown(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def commit(self, batches: Sequence[list[Op]]) -> None:
+        conn = self.connection
+        if not any(batches):
+            return  # flush markers only: nothing to write
+        try:
+            if conn.in_transaction:  # left over by a failed ROLLBACK
+                conn.execute(SQL_ROLLBACK)
+            conn.execute(SQL_BEGIN)
+            txn = _Transaction(conn)
+            for ops in batches:
+                txn.apply(ops)
+            txn.finish()
+            conn.execute(SQL_COMMIT)
+        except BaseException as exc:
+            self._rollback(conn)
+            if isinstance(exc, sqlite3.Error):
+                raise StorageError(
+                    f"commit to {self.path} failed and was rolled back: {exc}"
+                ) from exc
+            raise
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            # If even ROLLBACK fails, the next commit retries it before its BEGIN.
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(SQL_ROLLBACK)
+
+
+class _Transaction:
+    """Turns ops into statements inside one open transaction, in op order.
+
+    Appends are buffered into one ``executemany`` until an op that touches messages
+    needs them in place. Consumer states are coalesced (the last one wins) until an op
+    that touches consumers needs them in place. Each stream's high-water mark is
+    raised once, at the end.
+    """
+
+    __slots__ = ("_conn", "_last_seqs", "_rows", "_states")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._rows: list[tuple[str, int, str, bytes, bytes, int, int]] = []
+        self._states: dict[tuple[str, str], bytes] = {}
+        self._last_seqs: dict[str, int] = {}
+
+    def apply(self, ops: list[Op]) -> None:
+        conn, rows, last_seqs = self._conn, self._rows, self._last_seqs
+        for op in ops:
+            if op[0] == APPEND:
+                stream, m = op[1], op[2]
+                rows.append((stream, m.seq, m.subject, m.headers, m.data, m.ts, m.priority))
+                if m.seq > last_seqs.get(stream, 0):
+                    last_seqs[stream] = m.seq
+            elif op[0] == PUT_CONSUMER_STATE:
+                self._states[(op[1], op[2])] = op[3]
+            elif op[0] == DELETE_MESSAGES:
+                self._flush_rows()
+                stream = op[1]
+                conn.executemany(SQL_DELETE_MESSAGE, [(stream, seq) for seq in op[2]])
+            elif op[0] == DELETE_RANGE:
+                self._flush_rows()
+                conn.execute(SQL_DELETE_RANGE, (op[1], op[2], op[3]))
+            elif op[0] == PUT_STREAM:
+                record = op[1]
+                conn.execute(SQL_PUT_STREAM, (record.name, record.config, record.created_ns))
+            elif op[0] == DELETE_STREAM:
+                self._flush_rows()
+                self._flush_states()
+                stream = op[1]
+                last_seqs.pop(stream, None)  # the high-water mark goes with the stream
+                for sql in SQL_DELETE_STREAM:
+                    conn.execute(sql, (stream,))
+            elif op[0] == PUT_CONSUMER:
+                self._flush_states()
+                c = op[1]
+                conn.execute(SQL_PUT_CONSUMER, (c.stream, c.name, c.config, c.state, c.created_ns))
+            elif op[0] == DELETE_CONSUMER:
+                self._flush_states()
+                conn.execute(SQL_DELETE_CONSUMER, (op[1], op[2]))
+
+    def finish(self) -> None:
+        """Write what is still buffered (the caller then commits)."""
+        self._flush_rows()
+        self._flush_states()
+        if self._last_seqs:
+            self._conn.executemany(SQL_RAISE_LAST_SEQ, self._last_seqs.items())
+
+    def _flush_rows(self) -> None:
+        if self._rows:
+            self._conn.executemany(SQL_APPEND, self._rows)
+            self._rows.clear()
+
+    def _flush_states(self) -> None:
+        if self._states:
+            self._conn.executemany(
+                SQL_PUT_CONSUMER_STATE,
+                [(state, stream, name) for (stream, name), state in self._states.items()],
+            )
+            self._states.clear()
+
+
+# -- the message cache ------------------------------------------------------------------
+
+
+def _size(m: StoredMessage) -> int:
+    return len(m.subject) + len(m.headers) + len(m.data) + 16
+
+
+class _MessageCache:
+    """Recently committed messages, oldest evicted first once over ``limit`` bytes.
+
+    Only touched on the loop thread: filled and trimmed as commits complete, in commit
+    order, so it mirrors the committed state of the messages it holds.
+    """
+
+    __slots__ = ("_entries", "_limit", "_size")
+
+    def __init__(self, limit: int) -> None:
+        self._entries: OrderedDict[tuple[str, int], StoredMessage] = OrderedDict()
+        self._limit = limit
+        self._size = 0
+
+    def get(self, stream: str, seq: int) -> StoredMessage | None:
+        return self._entries.get((stream, seq))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._size = 0
+
+    def apply(self, ops: list[Op]) -> None:
+        """Mirror the ops of a committed batch."""
+        entries, limit = self._entries, self._limit
+        pop = entries.pop
+        size = self._size
+        for op in ops:
+            if op[0] == APPEND:
+                m = op[2]
+                key = (op[1], m.seq)
+                prev = pop(key, None)
+                if prev is not None:
+                    size -= _size(prev)
+                m_size = _size(m)
+                if m_size <= limit:
+                    entries[key] = m
+                    size += m_size
+            elif op[0] == DELETE_MESSAGES:
+                stream = op[1]
+                for seq in ():
+                    prev = pop((stream, seq), None)
+                    if prev is not None:
+                        size -= _size(prev)
+            elif op[0] == DELETE_RANGE:
+                size -= self._drop_range(op[1], op[2], op[3])
+            elif op[0] == DELETE_STREAM:
+                size -= self._drop_keys([k for k in entries if k[0] == op[1]])
+        while size > limit:
+            _, old = entries.popitem(last=False)
+            size -= _size(old)
+        self._size = size
+
+    def _drop_range(self, stream: str, first: int, last: int) -> int:
+        if last - first < len(self._entries):
+            return self._drop_keys([(stream, seq) for seq in range(first, last + 1)])
+        # A purge-sized range: walking the cache beats walking the range.
+        return self._drop_keys(
+            [k for k in self._entries if k[0] == stream and first <= k[1] <= last]
+        )
+
+    def _drop_keys(self, keys: list[tuple[str, int]]) -> int:
+        pop = self._entries.pop
+        dropped = 0
+        for key in keys:
+            prev = pop(key, None)
+            if prev is not None:
+                dropped += _size(prev)
+        return dropped
+
+
+# -- reads (on the reader threads) ------------------------------------------------------
+
+
+def _read(conn: sqlite3.Connection, stream: str, seq: int) -> StoredMessage | None:
+    row = conn.execute(SQL_READ, (stream, seq)).fetchone()
+    return None if row is None else StoredMessage(*row)
+
+
+def _read_range(
+    conn: sqlite3.Connection, stream: str, start_seq: int, limit: int, max_bytes: int
+) -> list[StoredMessage]:
+    cursor = conn.execute(SQL_READ_RANGE, (stream, start_seq, limit))
+    if max_bytes <= 0:
+        return [StoredMessage(*row) for row in cursor]
+    out: list[StoredMessage] = []
+    total = 0
+    try:
+        for row in cursor:
+            message = StoredMessage(*row)
+            total += _size(message)
+            if out and total > max_bytes:
+                break
+            out.append(message)
+    finally:
+        cursor.close()  # stop the statement early rather than stepping it to the end
+    return out
+
+
+def _read_many(conn: sqlite3.Connection, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
+    wanted = msgspec.json.encode(list(seqs)).decode()
+    return [StoredMessage(*row) for row in conn.execute(SQL_READ_MANY, (stream, wanted))]
+
+
+def _load_index(conn: sqlite3.Connection, stream: str) -> list[MessageMeta]:
+    return [MessageMeta(*row) for row in conn.execute(SQL_LOAD_INDEX, (stream,))]
+
+
+def _load_streams(conn: sqlite3.Connection) -> list[StreamRecord]:
+    return [StreamRecord(*row) for row in conn.execute(SQL_LOAD_STREAMS)]
+
+
+def _load_consumers(conn: sqlite3.Connection, stream: str) -> list[ConsumerRecord]:
+    return [ConsumerRecord(*row) for row in conn.execute(SQL_LOAD_CONSUMERS, (stream,))]
+
+
+def _load_last_seq(conn: sqlite3.Connection, stream: str) -> int:
+    row = conn.execute(SQL_LOAD_LAST_SEQ, (stream,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+# -- the store --------------------------------------------------------------------------
+
+
+class SqliteStore(BatchingStore):
+    """A durable store in ``directory/tether.db`` (the directory is created if missing).
+
+    ``sync="always"`` fsyncs every group commit; ``sync="os"`` leaves flushing to the
+    OS (durable across a process crash, not a power loss). ``cache_bytes`` bounds the
+    cache behind :meth:`cached` (0 disables it).
+    """
+
+    name = "sqlite"
+
+    def __init__(
+        self,
+        directory: str | Path,
+        sync: Literal["always", "os"] = "always",
+        cache_bytes: int = 64 * MiB,
+    ) -> None:
+        super().__init__()
+        if sync not in ("always", "os"):
+            raise ValueError(f"sync must be 'always' or 'os', not {sync!r}")
+        self.directory = Path(directory).absolute()
+        self.path = self.directory / DB_FILENAME
+        self.sync: Literal["always", "os"] = sync
+        self._writer = _Writer(self.path, sync)
+        self._committer = ThreadCommitter(
+            self._writer, name="tether-sqlite-writer", on_settled=self._settle
+        )
+        self._cache = _MessageCache(cache_bytes) if cache_bytes > 0 else None
+        self._readers: ThreadPoolExecutor | None = None
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._reader_lock = threading.Lock()
+        self._local = threading.local()
+        self._state = "new"
+        self._closing: asyncio.Future[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def open(self) -> None:
+        if self._state == "open":
+            return
+        if self._state != "new":
+            raise StorageError("the store is closed and cannot be reopened")
+        await self._committer.start()
+        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tether-sqlite-reader")
+        self._group.bind(asyncio.get_running_loop())
+        self._state = "open"
+
+    async def close(self) -> None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        if self._state == "open":
+            await self._drain()
+            self._group.close()
+        self._state = "closed"
+        readers, self._readers = self._readers, None
+        if readers is not None:
+            # Reads in flight finish on their own; none can start any more.
+            readers.shutdown(wait=True)
+        with self._reader_lock:
+            conns, self._reader_conns = self._reader_conns, []
+        for conn in conns:
+            conn.close()
+        # The writer closes last so that its connection checkpoints the WAL away.
+        await self._committer.stop()
+        if self._cache is not None:
+            self._cache.clear()
+
+    def call_in_writer(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Run ``fn(write_connection)`` on the writer thread, between two commits.
+
+        For maintenance (checkpoints, pragmas) and tests; ``fn`` must not leave a
+        transaction open.
+        """
+        return self._committer.call(lambda writer: fn(writer.connection))
+
+    # -- group commit ----------------------------------------------------------------
+    def _hand_off(self, batch: Batch) -> None:
+        self._committer.submit(batch)
+
+    def _settle(self, results: list[Settled]) -> None:
+        cache, group = self._cache, self._group
+        for batch, error in results:
+            if error is None and cache is not None:
+                cache.apply(batch.ops)
+            group.settle(batch, error)
+
+    # -- reads -----------------------------------------------------------------------
+    async def _run_read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        readers = self._readers
+        if readers is None:
+            raise StorageError(f"the store is {self._state}, not open")
+        return await asyncio.get_running_loop().run_in_executor(readers, self._in_reader, fn)
+
+    def _in_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._connect_reader()
+            return fn(conn)
+        except sqlite3.Error as exc:
+            raise StorageError(f"reading {self.path} failed: {exc}") from exc
+
+    def _connect_reader(self) -> sqlite3.Connection:
+        uri = self.path.as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        with self._reader_lock:
+            self._reader_conns.append(conn)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self._local.conn = conn
+        return conn
+
+    async def load_streams(self) -> list[StreamRecord]:
+        return await self._run_read(_load_streams)
+
+    async def load_index(self, stream: str) -> list[MessageMeta]:
+        return await self._run_read(lambda conn: _load_index(conn, stream))
+
+    async def load_consumers(self, stream: str) -> list[ConsumerRecord]:
+        return await self._run_read(lambda conn: _load_consumers(conn, stream))
+
+    async def load_last_seq(self, stream: str) -> int:
+        return await self._run_read(lambda conn: _load_last_seq(conn, stream))
+
+    async def read(self, stream: str, seq: int) -> StoredMessage | None:
+        hit = self.cached(stream, seq)
+        if hit is not None:
+            return hit
+        return await self._run_read(lambda conn: _read(conn, stream, seq))
+
+    async def read_range(
+        self, stream: str, start_seq: int, limit: int, max_bytes: int = 0
+    ) -> list[StoredMessage]:
+        if limit <= 0:
+            return []
+        return await self._run_read(
+            lambda conn: _read_range(conn, stream, start_seq, limit, max_bytes)
+        )
+
+    async def read_many(self, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
+        if not seqs:
+            return []
+        wanted = sorted(set(seqs))
+        cache = self._cache
+        if cache is not None and self._state == "open":
+            hits = [cache.get(stream, seq) for seq in wanted]
+            if all(hit is not None for hit in hits):
+                return [hit for hit in hits if hit is not None]
+        return await self._run_read(lambda conn: _read_many(conn, stream, wanted))
+
+    def cached(self, stream: str, seq: int) -> StoredMessage | None:
+        cache = self._cache
+        if cache is None or self._state != "open":
+            return None
+        return cache.get(stream, seq)
