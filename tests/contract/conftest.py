@@ -59,7 +59,9 @@ def sync(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def make_sqlite(sync: str, store_dir: Path) -> AsyncIterator[Callable[..., Awaitable[SqliteStore]]]:
+async def make_sqlite(
+    sync: str, store_dir: Path
+) -> AsyncIterator[Callable[..., Awaitable[SqliteStore]]]:
     """Opens SqliteStores on ``store_dir`` (for the durability-only tests)."""
     stores: list[SqliteStore] = []
 

@@ -48,7 +48,9 @@ def stream(name: str, config: bytes = b"{}") -> StreamRecord:
 
 
 def consumer(stream: str, name: str, state: bytes = b"s0") -> ConsumerRecord:
-    return ConsumerRecord(stream=stream, name=name, config=b"cfg-" + name.encode(), state=state, created_ns=TS)
+    return ConsumerRecord(
+        stream=stream, name=name, config=b"cfg-" + name.encode(), state=state, created_ns=TS
+    )
 
 
 async def fill(store: Store, name: str, seqs: range | list[int], **kw: Any) -> list[StoredMessage]:
@@ -126,8 +128,8 @@ async def test_append_and_read_round_trip(store: Store) -> None:
     m = StoredMessage(7, "a.b.c", b"NATS/1.0\r\nX: 1\r\n\r\n", b"\x00\xffdata", TS, priority=3)
     await store.append("s", m)
     got = await store.read("s", 7)
-    assert got == m
-    assert isinstance(got.headers, bytes) and isinstance(got.data, bytes)  # type: ignore[union-attr]
+    assert got is not None and got == m
+    assert isinstance(got.headers, bytes) and isinstance(got.data, bytes)
     assert await store.read("s", 6) is None
     assert await store.read("other", 7) is None
 
@@ -256,7 +258,9 @@ async def test_consumers(store: Store) -> None:
     assert got["alpha"] == consumer("s", "alpha")
 
     await store.put_consumer(ConsumerRecord("s", "alpha", b"cfg2", b"s9", TS + 5))
-    assert (await store.load_consumers("s"))[0] == ConsumerRecord("s", "alpha", b"cfg2", b"s9", TS + 5)
+    assert (await store.load_consumers("s"))[0] == ConsumerRecord(
+        "s", "alpha", b"cfg2", b"s9", TS + 5
+    )
 
     await store.delete_consumer("s", "zeta")
     assert [c.name for c in await store.load_consumers("s")] == ["alpha"]
@@ -266,6 +270,13 @@ async def test_consumers(store: Store) -> None:
 async def test_consumer_state_for_a_missing_consumer_is_ignored(store: Store) -> None:
     await store.put_consumer_state("s", "ghost", b"x")
     assert await store.load_consumers("s") == []
+
+
+async def test_put_consumer_replaces_an_earlier_state_of_the_tick(store: Store) -> None:
+    store.put_consumer(consumer("s", "c"))
+    store.put_consumer_state("s", "c", b"stale")
+    await store.put_consumer(consumer("s", "c", state=b"replaced"))
+    assert await store.load_consumers("s") == [consumer("s", "c", state=b"replaced")]
 
 
 async def test_consumer_state_updates_in_one_tick_keep_the_last(store: Store) -> None:
@@ -326,6 +337,16 @@ async def test_writes_are_applied_in_order(store: Store) -> None:
     assert [m.seq for m in await store.load_index("s")] == [8]
     assert await store.load_last_seq("s") == 8
     assert store.cached("s", 6) is None and store.cached("s", 7) is None
+
+
+async def test_deleting_a_stream_in_the_tick_of_its_appends_resets_last_seq(store: Store) -> None:
+    store.put_stream(stream("s"))
+    for seq in range(1, 4):
+        store.append("s", msg(seq))
+    store.delete_stream("s")
+    await store.put_stream(stream("s"))
+    assert await store.load_last_seq("s") == 0
+    assert await store.load_index("s") == []
 
 
 async def test_batches_of_later_ticks_follow_earlier_ones(store: Store) -> None:
@@ -482,7 +503,9 @@ async def _limit_file_growth(store: SqliteStore, pages: int | None) -> None:
     await store.call_in_writer(cap)
 
 
-async def test_a_failed_commit_stores_nothing_and_the_store_goes_on(make_sqlite: MakeSqlite) -> None:
+async def test_a_failed_commit_stores_nothing_and_the_store_goes_on(
+    make_sqlite: MakeSqlite,
+) -> None:
     store = await make_sqlite()
     await fill(store, "s", [1])
     await _limit_file_growth(store, None)

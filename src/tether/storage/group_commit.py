@@ -292,10 +292,10 @@ class _Stop:
 _Item = Batch | _Job | _Stop
 
 
-def _as_storage_error(exc: BaseException) -> StorageError:
+def _as_storage_error(exc: BaseException, doing: str = "commit") -> StorageError:
     if isinstance(exc, StorageError):
         return exc
-    error = StorageError(f"commit failed: {exc!r}")
+    error = StorageError(f"{doing} failed: {exc!r}")
     error.__cause__ = exc
     return error
 
@@ -391,7 +391,7 @@ class ThreadCommitter(Generic[C]):
         try:
             self._committer.setup()
         except BaseException as exc:
-            self._post(_resolve, ready, None, _as_storage_error(exc))
+            self._post(_resolve, ready, None, _as_storage_error(exc, "opening the store"))
             return
         self._post(_resolve, ready, None, None)
         stop = self._serve()
@@ -399,7 +399,7 @@ class ThreadCommitter(Generic[C]):
         try:
             self._committer.teardown()
         except Exception as exc:
-            error = _as_storage_error(exc)
+            error = _as_storage_error(exc, "closing the store")
         self._fail_leftovers()
         self._post(_resolve, stop.future, None, error)
 

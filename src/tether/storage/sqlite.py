@@ -96,6 +96,14 @@ PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
 
+SQL_JOURNAL_WAL = "PRAGMA journal_mode = WAL"
+SQL_SYNCHRONOUS = {
+    "always": "PRAGMA synchronous = FULL",  # fsync the WAL at every commit
+    "os": "PRAGMA synchronous = NORMAL",  # fsync only at checkpoints
+}
+SQL_BUSY_TIMEOUT = f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}"
+SQL_SCHEMA_VERSION = "PRAGMA user_version"
+
 SQL_BEGIN = "BEGIN IMMEDIATE"
 SQL_COMMIT = "COMMIT"
 SQL_ROLLBACK = "ROLLBACK"
@@ -192,14 +200,12 @@ class _Writer:
         self._conn = conn
 
     def _configure(self, conn: sqlite3.Connection) -> None:
-        (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        (mode,) = conn.execute(SQL_JOURNAL_WAL).fetchone()
         if str(mode).lower() != "wal":
             raise StorageError(f"cannot put the database {self.path} in WAL mode (got {mode!r})")
-        conn.execute(
-            "PRAGMA synchronous = FULL" if self.sync == "always" else "PRAGMA synchronous = NORMAL"
-        )
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        conn.execute(SQL_SYNCHRONOUS[self.sync])
+        conn.execute(SQL_BUSY_TIMEOUT)
+        (version,) = conn.execute(SQL_SCHEMA_VERSION).fetchone()
         if version > SCHEMA_VERSION:
             raise StorageError(
                 f"the database {self.path} has schema version {version}, newer than this"
@@ -363,7 +369,7 @@ class _MessageCache:
                     size += m_size
             elif op[0] == DELETE_MESSAGES:
                 stream = op[1]
-                for seq in ():
+                for seq in op[2]:
                     prev = pop((stream, seq), None)
                     if prev is not None:
                         size -= _size(prev)
@@ -555,7 +561,7 @@ class SqliteStore(BatchingStore):
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         with self._reader_lock:
             self._reader_conns.append(conn)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute(SQL_BUSY_TIMEOUT)
         self._local.conn = conn
         return conn
 
