@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 __all__ = [
@@ -60,8 +60,10 @@ class ServerProcess:
         workdir: str,
         env: dict[str, str] | None = None,
         startup_timeout: float = 30.0,
+        stop_signal: int = signal.SIGTERM,
     ) -> None:
         self.name = name
+        self.stop_signal = stop_signal
         self.command = list(command)
         self.workdir = workdir
         self.env = env
@@ -88,14 +90,19 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        self.proc = subprocess.Popen(
-            self.command,
-            cwd=self.workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.command,
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                # Own process group: stop() signals a wrapper (py-spy) and the server alike.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise PeerStartError(f"cannot run {self.command[0]}: {exc}") from exc
         ready = threading.Event()
         self._reader = threading.Thread(target=self._read_log, args=(ready,), daemon=True)
         self._reader.start()
@@ -124,32 +131,37 @@ class ServerProcess:
             return 0.0
         return _tree_cpu_seconds(self.proc.pid)
 
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM, wait up to ``timeout`` (then SIGKILL); returns the exit code."""
+    def stop(self, timeout: float = 30.0) -> int:
+        """Send ``stop_signal`` to the process group, wait up to ``timeout`` (then SIGKILL
+        the group); returns the exit code."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
+            self._signal_group(self.stop_signal)
+            with suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._join()
+        self.kill()  # leftovers of the group (a wrapped server outliving its wrapper)
         return self.proc.returncode
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc is not None:
+            self._signal_group(signal.SIGKILL)
             self.proc.wait()
         self._join()
+
+    def _signal_group(self, sig: int) -> None:
+        assert self.proc is not None
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)  # the group id is the leader's pid
 
     def _join(self) -> None:
         if self._reader is not None:
             self._reader.join(timeout=5)
+            # Closing the pipe under a reader that is still blocked would hang; the
+            # daemon thread ends when the last writer exits.
+            if not self._reader.is_alive() and self.proc is not None and self.proc.stderr:
+                self.proc.stderr.close()
             self._reader = None
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
 
 
 def _tree_cpu_seconds(root: int) -> float:
@@ -210,9 +222,10 @@ def start_tether(
     ``store="memory"`` (the default) keeps benchmarks off the disk; ``"sqlite"`` uses a
     fresh SQLite store in the temporary directory. ``python_args`` go before ``-m
     tether`` (``-X importtime``, ``-m cProfile -o FILE``); ``wrapper`` goes in front of
-    the interpreter (``py-spy record -o FILE --``). Relative paths in either resolve
-    against the temporary directory, which is removed afterwards.
+    the interpreter (``py-spy record -o FILE --``). The server runs in a temporary
+    directory that is removed afterwards, so give output files absolute paths.
     """
+    wrapper = [_absolute(wrapper[0]), *wrapper[1:]] if wrapper else []
     workdir = tempfile.mkdtemp(prefix="tether-bench-")
     store_url = f"sqlite:{Path(workdir) / 'store'}" if store == "sqlite" else store
     command = [
@@ -234,12 +247,26 @@ def start_tether(
         "info",  # readiness is read from the info-level start-up lines
         *args,
     ]
-    server = ServerProcess("tether", command, workdir=workdir, env=env, startup_timeout=startup_timeout)
+    server = ServerProcess(
+        "tether",
+        command,
+        workdir=workdir,
+        env=env,
+        startup_timeout=startup_timeout,
+        stop_signal=signal.SIGINT if wrapper else signal.SIGTERM,
+    )
     try:
         yield server.start()
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _absolute(program: str) -> str:
+    """A relative program path (``.venv/bin/py-spy``) as seen from our cwd, not the server's."""
+    if os.sep in program and not os.path.isabs(program):
+        return os.path.abspath(program)
+    return program
 
 
 # -- nats-server ------------------------------------------------------------------------------
@@ -294,9 +321,7 @@ def start_nats_server(
         *(["-js"] if jetstream else []),
         *args,
     ]
-    server = ServerProcess(
-        "nats-server", command, workdir=workdir, startup_timeout=startup_timeout
-    )
+    server = ServerProcess("nats-server", command, workdir=workdir, startup_timeout=startup_timeout)
     try:
         yield server.start()
     finally:

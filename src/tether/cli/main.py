@@ -62,6 +62,12 @@ def serve(
     ] = None,
     server_name: Annotated[str | None, typer.Option(help="Server name reported in INFO.")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
+    webhook_broker_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="A webhook-broker INI file (seed data, [broker], [consumer-connection])."
+        ),
+    ] = None,
     jetstream: Annotated[
         bool, typer.Option("--jetstream", help="Accepted for nats-server compatibility.")
     ] = False,
@@ -84,6 +90,7 @@ def serve(
         "max_pending": max_pending,
         "server_name": server_name,
         "log_level": log_level,
+        "webhook_broker_config": str(webhook_broker_config) if webhook_broker_config else None,
     }
     try:
         cfg = load_config(config, overrides)
@@ -97,9 +104,11 @@ def serve(
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is optional on some platforms
         runner = asyncio.run
+    from tether.storage.base import StorageError
+
     try:
         runner(Tether(cfg).run_until_signalled())
-    except OSError as exc:
+    except (OSError, StorageError) as exc:
         logging.getLogger("tether").error("cannot start: %s", exc)
         raise typer.Exit(1) from None
 

@@ -9,6 +9,7 @@ is how consumers learn about new work and front doors about subjects to capture.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,19 +24,21 @@ from tether.engine.stream import (
     EXPECTED_LAST_SUBJ_SEQ_SUBJECT,
     EXPECTED_STREAM,
     MSG_ID,
+    MSG_TTL,
     PRIORITY,
     ROLLUP,
     Stream,
 )
 from tether.engine.stream_config import (
     StreamConfig,
+    check_create,
     check_update,
     decode_config,
+    decode_stored_config,
     encode_config,
     normalize,
 )
-from tether.engine.subjects import filters_overlap, is_valid_subject
-from tether.protocol.nats.headers import header_value
+from tether.engine.subjects import filters_overlap
 from tether.storage.base import MessageMeta, StorageError, Store, StoredMessage, StreamRecord
 
 log = logging.getLogger("tether.broker")
@@ -60,11 +63,13 @@ class PubAck:
 class _Tick:
     """What one group commit carries besides the writes: who to tell when it lands."""
 
-    __slots__ = ("appended", "waiters")
+    __slots__ = ("appended", "first_seq", "waiters")
 
     def __init__(self) -> None:
-        self.appended: list[tuple[Stream, int]] = []
+        self.appended: list[tuple[Stream, int, str]] = []
         self.waiters: list[Callable[[BaseException | None], None]] = []
+        # The first sequence this commit holds, per stream (commits are in seq order).
+        self.first_seq: dict[str, int] = {}
 
 
 class Broker:
@@ -84,13 +89,17 @@ class Broker:
         """Rebuild every stream's index from storage (after a restart or a crash)."""
         now = self.clock.now()
         for record in await self.store.load_streams():
-            config = decode_config(record.config)
+            config = decode_stored_config(record.config)
             stream = Stream(config, record.created_ns)
             index = await self.store.load_index(record.name)
             stream.load(index, await self.store.load_last_seq(record.name))
             await self._restore_dedup(stream, index, now)
             self.streams[stream.name] = stream
         for stream in self.streams.values():
+            # A failed commit may have left messages the limits had already evicted.
+            removed = stream.enforce_limits()
+            if removed:
+                self._delete_seqs(stream, removed)
             self._expire(stream)
         self._schedule_expiry()
 
@@ -101,7 +110,7 @@ class Broker:
             recent = [index[-1].seq]  # for Nats-Expected-Last-Msg-Id
         for i in range(0, len(recent), 1000):
             for msg in await self.store.read_many(stream.name, recent[i : i + 1000]):
-                msg_id = header_value(msg.headers, MSG_ID)
+                msg_id = _header_fields(msg.headers).get(MSG_ID) if msg.headers else None
                 if msg_id:
                     stream.remember_msg_id(msg_id.decode(), msg.seq, msg.ts)
 
@@ -111,12 +120,15 @@ class Broker:
             listener.on_stream_changed(stream)
 
     async def create_stream(self, name: str, body: bytes) -> tuple[Stream, bool]:
-        """STREAM.CREATE: returns (stream, created); identical re-create succeeds."""
-        config = decode_config(body) if body.strip() else StreamConfig()
-        if config.name and name and config.name != name:
-            raise errors.stream_name_mismatch()
-        config.name = config.name or name
+        """STREAM.CREATE: returns (stream, created); identical re-create succeeds.
+
+        The checks run in nats-server's order, so the first error reported is the same.
+        """
+        config = decode_config(body)
+        check_create(name, config)
         normalize(config)
+        if config.num_replicas > 1:
+            raise errors.replicas_not_supported()
         existing = self.streams.get(config.name)
         if existing is not None:
             if encode_config(existing.config) == encode_config(config):
@@ -124,28 +136,31 @@ class Broker:
             raise errors.stream_name_exists()
         self._check_overlap(config, None)
         stream = Stream(config, self.clock.now())
-        stream.state.first_seq = max(1, config.first_seq)
-        stream.state.last_seq = stream.state.first_seq - 1
+        stream.start_empty()
         self.streams[config.name] = stream
-        await self._durable(
-            self.store.put_stream(
-                StreamRecord(config.name, encode_config(config), stream.created_ns)
+        try:
+            await self._durable(
+                self.store.put_stream(
+                    StreamRecord(config.name, encode_config(config), stream.created_ns)
+                )
             )
-        )
+        except errors.ApiError:
+            if self.streams.get(config.name) is stream:
+                del self.streams[config.name]
+            raise
         self._notify_changed(stream)
         return stream, True
 
     async def update_stream(self, name: str, body: bytes) -> Stream:
-        config = decode_config(body)
-        if config.name and name and config.name != name:
+        """STREAM.UPDATE, with nats-server's checks in its order."""
+        config = normalize(decode_config(body))
+        if config.name != name:
             raise errors.stream_name_mismatch()
-        config.name = config.name or name
-        stream = self.get_stream(config.name)
-        normalize(config)
+        stream = self.get_stream(name)
         check_update(stream.config, config)
         self._check_overlap(config, stream)
         stream.config = config
-        removed = stream._enforce_limits_all()  # noqa: SLF001 - same package
+        removed = stream.enforce_limits()
         if removed:
             self._delete_seqs(stream, removed)
         await self._durable(
@@ -180,27 +195,38 @@ class Broker:
         await self._durable(self.store.delete_stream(name))
 
     async def purge_stream(self, name: str, filter_: str, seq: int, keep: int) -> int:
+        """STREAM.PURGE: everything, or what ``filter_`` matches, below ``seq`` or but ``keep``."""
+        if seq and keep:
+            raise errors.bad_request()
         stream = self.get_stream(name)
-        if stream.config.deny_purge:
-            raise errors.purge_not_permitted()
         if stream.config.sealed:
             raise errors.stream_sealed()
-        if filter_ and not is_valid_subject(filter_.replace("*", "x").replace(">", "x")):
-            raise errors.bad_request("invalid purge subject")
-        if seq and keep:
-            raise errors.bad_request("can not specify both sequence and keep")
+        if stream.config.deny_purge:
+            raise errors.purge_not_permitted()
+        last = stream.last_seq
         removed = stream.purge(filter_, seq, keep)
         if removed:
             self._delete_seqs(stream, removed)
+        if stream.last_seq > last:
+            # Numbering moved forward: storage keeps the high-water mark of every append,
+            # so store a placeholder at the new last sequence and delete it at once.
+            mark = StoredMessage(stream.last_seq, name, b"", b"", self.clock.now())
+            self.store.append(name, mark)
+            self.store.delete_range(name, mark.seq, mark.seq)
         await self._durable(self.store.flush())
         return len(removed)
 
     async def delete_message(self, name: str, seq: int) -> None:
+        """STREAM.MSG.DELETE, with nats-server's errors for each kind of missing seq."""
         stream = self.get_stream(name)
-        if stream.config.deny_delete:
-            raise errors.delete_not_permitted()
         if stream.config.sealed:
             raise errors.stream_sealed()
+        if stream.config.deny_delete:
+            raise errors.delete_not_permitted()
+        if seq > stream.last_seq:
+            raise errors.msg_delete_failed("stream store EOF")
+        if seq <= 0 or seq < stream.first_seq:
+            raise errors.msg_delete_failed("no message found")
         if stream.remove(seq) is None:
             raise errors.sequence_not_found(seq)
         self._delete_seqs(stream, [seq])
@@ -215,11 +241,17 @@ class Broker:
             listener.on_messages_removed(stream, seqs)
         return fut
 
+    def remove_messages(self, stream: Stream, seqs: list[int]) -> None:
+        """Retention (interest, workqueue): drop acked messages, in the current commit."""
+        removed = [seq for seq in sorted(seqs) if stream.remove(seq) is not None]
+        if removed:
+            self._delete_seqs(stream, removed)
+
     async def _durable(self, fut: asyncio.Future[None]) -> None:
         try:
             await fut
         except StorageError as exc:
-            raise errors.store_failed(str(exc)) from None
+            raise _storage_failed(exc) from None
 
     # -- publishing ---------------------------------------------------------------------------
     def publish(
@@ -241,70 +273,89 @@ class Broker:
         hdrs = headers or b""
         msg_id = ""
         priority = 0
+        rollup = ""
         try:
             if cfg.sealed:
                 raise errors.stream_sealed()
             if hdrs:
-                raw_id = header_value(hdrs, MSG_ID)
+                # The checks and their order are nats-server's: expectations, dedup,
+                # expected last msg id, rollup, sizes, then the discard-new limits.
+                fields = _header_fields(hdrs)
+                stream.check_expectations(
+                    subject,
+                    fields.get(EXPECTED_STREAM),
+                    fields.get(EXPECTED_LAST_SEQ),
+                    fields.get(EXPECTED_LAST_SUBJ_SEQ),
+                    fields.get(EXPECTED_LAST_SUBJ_SEQ_SUBJECT),
+                    fields.get(MSG_TTL),
+                )
+                raw_id = fields.get(MSG_ID)
                 if raw_id:
                     msg_id = raw_id.decode()
                     dup = stream.duplicate_of(msg_id, now)
                     if dup:
                         if on_durable is not None:
-                            on_durable(PubAck(stream.name, dup, True))
+                            self._ack_duplicate(stream, dup, on_durable)
                         return
-                stream.check_expectations(
-                    subject,
-                    header_value(hdrs, EXPECTED_STREAM),
-                    header_value(hdrs, EXPECTED_LAST_SEQ),
-                    header_value(hdrs, EXPECTED_LAST_SUBJ_SEQ),
-                    header_value(hdrs, EXPECTED_LAST_SUBJ_SEQ_SUBJECT),
-                    header_value(hdrs, EXPECTED_LAST_MSG_ID),
-                )
-                raw_priority = header_value(hdrs, PRIORITY)
+                raw_last_id = fields.get(EXPECTED_LAST_MSG_ID)
+                if raw_last_id:
+                    stream.check_last_msg_id(raw_last_id)
+                raw_rollup = fields.get(ROLLUP)
+                if raw_rollup:
+                    if not cfg.allow_rollup_hdrs or cfg.deny_purge:
+                        raise errors.rollup_not_permitted()
+                    rollup = raw_rollup.decode().lower()
+                    if rollup not in ("sub", "all"):
+                        raise errors.invalid_rollup(rollup)
+                raw_priority = fields.get(PRIORITY)
                 if raw_priority:
                     try:
                         priority = int(raw_priority)
                     except ValueError:
                         raise errors.bad_request("invalid priority header") from None
+            stream.check_size(len(hdrs), len(payload))
             size = len(subject) + len(hdrs) + len(payload) + 16
-            stream.check_limits_for_new(subject, size)
-            rollup = header_value(hdrs, ROLLUP) if hdrs else None
-            removed: list[int] = []
-            if rollup:
-                if not cfg.allow_rollup_hdrs:
-                    raise errors.rollup_not_permitted()
-                mode = rollup.decode().lower()
-                if mode not in ("sub", "all"):
-                    raise errors.invalid_rollup(mode)
-                removed = stream.rollup(subject, mode)
+            stream.check_limits_for_new(subject, size, bool(rollup))
         except errors.ApiError as exc:
             if on_durable is not None:
                 on_durable(exc)
             return
-        if msg_id == "" and cfg.duplicate_window and stream.last_msg_id:
-            stream.last_msg_id = ""
+        removed = stream.rollup(subject, rollup) if rollup else []
         seq = stream.last_seq + 1
         msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
-        meta = MessageMeta(seq, subject, msg.size, now, priority)
-        removed += stream.append(meta, msg_id)
+        removed += stream.append(MessageMeta(seq, subject, size, now, priority), msg_id)
         fut = self.store.append(stream.name, msg)
         if removed:
             self._delete_seqs(stream, removed)
         tick = self._tick_for(fut)
-        tick.appended.append((stream, seq))
+        tick.appended.append((stream, seq, msg_id))
+        if stream.name not in tick.first_seq:
+            tick.first_seq[stream.name] = seq
         if on_durable is not None:
             ack = PubAck(stream.name, seq)
 
             def done(exc: BaseException | None) -> None:
-                if exc is None:
-                    on_durable(ack)
-                else:
-                    on_durable(errors.store_failed(str(exc)))
+                on_durable(ack if exc is None else _storage_failed(exc))
 
             tick.waiters.append(done)
         if cfg.max_age and not self._expiry_timer:
             self._schedule_expiry()
+
+    def _ack_duplicate(
+        self, stream: Stream, seq: int, on_durable: Callable[[PubAck | errors.ApiError], None]
+    ) -> None:
+        """Acknowledge a duplicate, but not before the original's commit is durable."""
+        ack = PubAck(stream.name, seq, True)
+        for tick in reversed(self._ticks.values()):
+            first = tick.first_seq.get(stream.name)
+            if first is not None and first <= seq:
+
+                def done(exc: BaseException | None) -> None:
+                    on_durable(ack if exc is None else _storage_failed(exc))
+
+                tick.waiters.append(done)
+                return
+        on_durable(ack)
 
     def _tick_for(self, fut: asyncio.Future[None]) -> _Tick:
         key = id(fut)
@@ -319,12 +370,13 @@ class Broker:
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if exc is not None:
             log.error("group commit failed: %s", exc)
-            # Nothing of this commit is stored: forget its messages so the index matches disk.
-            for stream, seq in tick.appended:
-                stream.remove(seq)
+            # Nothing of this commit is stored: forget its messages (and their msg ids,
+            # so a retry is stored rather than reported as a duplicate).
+            for stream, seq, msg_id in reversed(tick.appended):
+                stream.forget(seq, msg_id)
         else:
             by_stream: dict[str, tuple[Stream, list[int]]] = {}
-            for stream, seq in tick.appended:
+            for stream, seq, _ in tick.appended:
                 entry = by_stream.get(stream.name)
                 if entry is None:
                     by_stream[stream.name] = (stream, [seq])
@@ -339,45 +391,69 @@ class Broker:
 
     # -- reads ------------------------------------------------------------------------------------
     async def read(self, stream: Stream, seq: int) -> StoredMessage | None:
+        """A live message, once durable: one still in its commit is returned after it."""
         if stream.meta(seq) is None:
             return None
         cached = self.store.cached(stream.name, seq)
         if cached is not None:
             return cached
-        return await self.store.read(stream.name, seq)
+        msg = await self.store.read(stream.name, seq)
+        if msg is None and self._ticks and stream.meta(seq) is not None:
+            await self._settled()
+            msg = await self.store.read(stream.name, seq)
+        return msg
+
+    async def _settled(self) -> None:
+        """Wait for the commits in flight (their failures are their publishers' business)."""
+        with contextlib.suppress(StorageError):
+            await self.store.flush()
 
     async def get_message(
         self, name: str, seq: int = 0, last_by_subj: str = "", next_by_subj: str = ""
     ) -> StoredMessage:
-        """STREAM.MSG.GET / DIRECT.GET semantics."""
+        """STREAM.MSG.GET / DIRECT.GET: by ``seq``, last on a subject (wildcards allowed),
+        or the first at or after ``seq`` on a subject. The caller validated the mix."""
         stream = self.get_stream(name)
         if last_by_subj:
             seq = stream.last_by_subject(last_by_subj)
         elif next_by_subj:
-            seq = stream.next_by_subject(max(seq, 1), next_by_subj)
-        elif seq <= 0:
-            raise errors.bad_request("request seq or last_by_subj required")
-        msg = await self.read(stream, seq) if seq else None
+            seq = stream.next_by_subject(seq, next_by_subj)
+        msg = await self.read(stream, seq) if seq > 0 else None
         if msg is None:
             raise errors.no_message_found()
         return msg
 
-    async def get_batch(
-        self, name: str, start_seq: int, batch: int, max_bytes: int, next_by_subj: str
-    ) -> list[StoredMessage]:
-        """Batched DIRECT.GET: up to ``batch`` messages from ``start_seq`` (optionally filtered)."""
-        stream = self.get_stream(name)
-        if next_by_subj:
-            seqs: list[int] = []
-            for seq in stream.seqs_matching(max(start_seq, 1), (next_by_subj,)):
-                seqs.append(seq)
-                if len(seqs) >= batch:
-                    break
-            msgs = await self.store.read_many(name, seqs) if seqs else []
-            if max_bytes > 0:
-                msgs = _trim_bytes(msgs, max_bytes)
-            return msgs
-        return await self.store.read_range(name, max(start_seq, 1), batch, max_bytes)
+    def select_batch(
+        self, stream: Stream, start_seq: int, batch: int, max_bytes: int, next_by_subj: str
+    ) -> list[int]:
+        """The sequences a batched DIRECT.GET returns, as nats-server picks them.
+
+        Up to ``batch`` live messages from ``start_seq`` (matching ``next_by_subj`` if
+        given); the message that takes the bytes sent (subject + headers + payload) to
+        ``max_bytes`` or beyond is the last one.
+        """
+        filters = (next_by_subj,) if next_by_subj else ()
+        seqs: list[int] = []
+        sent = 0
+        for seq in stream.seqs_matching(start_seq, filters):
+            meta = stream.meta(seq)
+            if meta is None:
+                continue
+            seqs.append(seq)
+            sent += meta.size - 16
+            if len(seqs) >= batch or sent >= max_bytes:
+                break
+        return seqs
+
+    async def read_many(self, stream: Stream, seqs: list[int]) -> list[StoredMessage]:
+        """Live messages among ``seqs`` once durable (see :meth:`read`)."""
+        if not seqs:
+            return []
+        msgs = await self.store.read_many(stream.name, seqs)
+        if len(msgs) < len(seqs) and self._ticks:
+            await self._settled()
+            msgs = await self.store.read_many(stream.name, seqs)
+        return msgs
 
     # -- max_age ------------------------------------------------------------------------------------
     def _expire(self, stream: Stream) -> None:
@@ -425,12 +501,18 @@ class Broker:
         }
 
 
-def _trim_bytes(msgs: list[StoredMessage], max_bytes: int) -> list[StoredMessage]:
-    out: list[StoredMessage] = []
-    total = 0
-    for msg in msgs:
-        total += msg.size
-        if out and total > max_bytes:
-            break
-        out.append(msg)
+def _header_fields(block: bytes) -> dict[bytes, bytes]:
+    """``Key: Value`` lines of a header block, first value per key (one pass, not one
+    search per header the publish path looks at)."""
+    out: dict[bytes, bytes] = {}
+    for line in block.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep:
+            out.setdefault(key.strip(), value.strip())
     return out
+
+
+def _storage_failed(exc: BaseException) -> errors.ApiError:
+    """A failed commit as the publisher sees it: 503 / 10077 with the cause, no path."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return errors.store_failed(f"storage failed: {cause}")

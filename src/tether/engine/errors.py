@@ -21,7 +21,8 @@ def bad_request(description: str = "bad request") -> ApiError:
 
 
 def invalid_json(detail: str = "") -> ApiError:
-    return ApiError(400, 10025, "invalid JSON" + (f": {detail}" if detail else ""))
+    # nats-server appends its decoder's message; ours is msgspec's.
+    return ApiError(400, 10025, f"invalid JSON: {detail or 'malformed request'}")
 
 
 def stream_not_found() -> ApiError:
@@ -49,16 +50,34 @@ def subjects_overlap() -> ApiError:
 
 
 def invalid_stream_config(detail: str) -> ApiError:
+    # NewJSStreamInvalidConfigError: 500 / 10052 in nats-server, even for user mistakes.
     return ApiError(500, 10052, detail)
 
 
 def stream_config_invalid(detail: str) -> ApiError:
-    # NewJSStreamInvalidConfigError: 400 / 10052 in nats-server for user-supplied configs.
-    return ApiError(400, 10052, detail)
+    return invalid_stream_config(detail)
 
 
 def invalid_stream_name() -> ApiError:
-    return ApiError(400, 10128, "stream name is invalid")
+    return invalid_stream_config(
+        "stream name is required and can not contain '.', '*', '>', '\\', '/'"
+    )
+
+
+def stream_name_has_path_separators() -> ApiError:
+    return ApiError(400, 10128, "Stream name can not contain path separators")
+
+
+def replicas_not_supported() -> ApiError:
+    return ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
+
+
+def replicas_negative() -> ApiError:
+    return ApiError(400, 10133, "replicas count cannot be negative")
+
+
+def expected_last_subject_sequence_missing() -> ApiError:
+    return ApiError(400, 10193, "missing sequence for expected last sequence per subject")
 
 
 def wrong_last_sequence(seq: int) -> ApiError:
@@ -81,28 +100,52 @@ def store_failed(detail: str) -> ApiError:
     return ApiError(503, 10077, detail)
 
 
+def rollup_failed(detail: str) -> ApiError:
+    return ApiError(500, 10111, detail)
+
+
 def rollup_not_permitted() -> ApiError:
-    return ApiError(400, 10053, "rollup not permitted")
+    return rollup_failed("rollup not permitted")
 
 
 def invalid_rollup(value: str) -> ApiError:
-    return ApiError(400, 10049, f"rollup value invalid: {value}")
+    return rollup_failed(f'rollup value invalid: "{value}"')
+
+
+def msg_ttl_invalid() -> ApiError:
+    return ApiError(400, 10165, "invalid per-message TTL")
+
+
+def msg_ttl_disabled() -> ApiError:
+    return ApiError(400, 10166, "per-message TTL is disabled")
+
+
+def msg_ttl_not_supported() -> ApiError:
+    return ApiError(400, 10166, "per-message TTL not supported by this server")
+
+
+def header_too_large() -> ApiError:
+    return ApiError(400, 10097, "header size exceeds maximum allowed of 64k")
 
 
 def stream_sealed() -> ApiError:
     return ApiError(400, 10109, "invalid operation on sealed stream")
 
 
+def msg_delete_failed(detail: str) -> ApiError:
+    return ApiError(500, 10057, detail)
+
+
 def delete_not_permitted() -> ApiError:
-    return ApiError(500, 10057, "message delete not permitted")
+    return msg_delete_failed("message delete not permitted")
 
 
 def purge_not_permitted() -> ApiError:
-    return ApiError(500, 10057, "stream purge not permitted")
+    return ApiError(500, 10110, "stream purge not permitted")
 
 
 def sequence_not_found(seq: int) -> ApiError:
-    return ApiError(400, 10067, f"sequence {seq} not found")
+    return ApiError(400, 10043, f"sequence {seq} not found")
 
 
 def max_consumers_reached() -> ApiError:
@@ -110,4 +153,12 @@ def max_consumers_reached() -> ApiError:
 
 
 def jetstream_not_enabled() -> ApiError:
-    return ApiError(503, 10076, "JetStream not enabled for account")
+    return ApiError(503, 10076, "JetStream not enabled")
+
+
+def jetstream_not_enabled_for_account() -> ApiError:
+    return ApiError(503, 10039, "JetStream not enabled for account")
+
+
+def insufficient_resources() -> ApiError:
+    return ApiError(503, 10023, "insufficient resources")

@@ -9,6 +9,7 @@ without I/O. The broker turns the decisions into storage writes.
 from __future__ import annotations
 
 import bisect
+import re
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -26,6 +27,7 @@ EXPECTED_LAST_SUBJ_SEQ = b"Nats-Expected-Last-Subject-Sequence"
 EXPECTED_LAST_SUBJ_SEQ_SUBJECT = b"Nats-Expected-Last-Subject-Sequence-Subject"
 EXPECTED_LAST_MSG_ID = b"Nats-Expected-Last-Msg-Id"
 ROLLUP = b"Nats-Rollup"
+MSG_TTL = b"Nats-TTL"
 PRIORITY = b"Tether-Priority"
 
 
@@ -64,13 +66,26 @@ class Stream:
         self.consumer_count = 0
 
     # -- loading -------------------------------------------------------------------------
+    def start_empty(self) -> None:
+        """A new stream: nothing stored yet (``first_seq`` 0, or the configured one)."""
+        st = self.state
+        if self.config.first_seq > 0:
+            st.first_seq = self.config.first_seq
+            st.last_seq = st.first_seq - 1
+        else:
+            st.first_seq = st.last_seq = 0
+
     def load(self, index: Iterable[MessageMeta], last_seq: int) -> None:
+        """Rebuild the index from storage; ``last_seq`` is the stored high-water mark."""
         for meta in index:
             self._add(meta)
         st = self.state
         st.last_seq = max(st.last_seq, last_seq)
         if st.msgs == 0:
-            st.first_seq = st.last_seq + 1
+            if st.last_seq == 0:
+                self.start_empty()
+            else:
+                st.first_seq = st.last_seq + 1
 
     def remember_msg_id(self, msg_id: str, seq: int, ts: int) -> None:
         """Restore a dedup entry after restart (only ids still inside the window)."""
@@ -179,28 +194,62 @@ class Stream:
         return 0
 
     def subjects_state(self, filter_: str) -> dict[str, int]:
+        if filter_ == ">":
+            return {subj: len(dq) for subj, dq in self._by_subject.items()}
+        if is_literal(filter_):
+            dq = self._by_subject.get(filter_)
+            return {filter_: len(dq)} if dq else {}
         return {
-            subj: len(dq)
-            for subj, dq in self._by_subject.items()
-            if filter_ in ("", ">") or subject_matches(filter_, subj)
+            subj: len(dq) for subj, dq in self._by_subject.items() if subject_matches(filter_, subj)
         }
 
+    @property
+    def num_deleted(self) -> int:
+        """Sequences between first and last that are gone (interior deletes)."""
+        st = self.state
+        return st.last_seq - st.first_seq + 1 - st.msgs if st.msgs else 0
+
+    def deleted(self) -> list[int]:
+        """The interior deleted sequences, in order (``deleted_details``)."""
+        if not self.num_deleted:
+            return []
+        msgs = self._msgs
+        return [s for s in range(self.state.first_seq, self.state.last_seq + 1) if s not in msgs]
+
     def info_state(self) -> dict[str, Any]:
+        """``state`` of a stream info (timestamps as ns; the front door formats them).
+
+        Field presence follows nats-server: ``num_subjects`` and ``num_deleted`` only
+        when non-zero.
+        """
         st = self.state
         first_ts = 0
         if st.msgs:
             first = self._msgs.get(st.first_seq)
             first_ts = first.ts if first else 0
-        return {
+        out: dict[str, Any] = {
             "messages": st.msgs,
             "bytes": st.bytes,
             "first_seq": st.first_seq,
             "first_ts": first_ts,
             "last_seq": st.last_seq,
             "last_ts": st.last_ts,
-            "num_subjects": len(self._by_subject),
-            "consumer_count": self.consumer_count,
         }
+        if self._by_subject:
+            out["num_subjects"] = len(self._by_subject)
+        deleted = self.num_deleted
+        if deleted:
+            out["num_deleted"] = deleted
+        out["consumer_count"] = self.consumer_count
+        return out
+
+    def seq_from_time(self, ts: int) -> int:
+        """The first live sequence stored at or after ``ts`` (ns), or 0 if none."""
+        msgs = self._msgs
+        for seq in self.seqs(0):
+            if msgs[seq].ts >= ts:
+                return seq
+        return 0
 
     # -- publish checks --------------------------------------------------------------------
     def duplicate_of(self, msg_id: str, now: int) -> int:
@@ -226,44 +275,72 @@ class Stream:
         expected_last_seq: bytes | None,
         expected_subj_seq: bytes | None,
         expected_subj_seq_subject: bytes | None,
-        expected_last_msg_id: bytes | None,
+        msg_ttl: bytes | None = None,
     ) -> None:
-        """Optimistic-concurrency headers; raises the peer's errors."""
-        if expected_stream is not None and expected_stream.decode() != self.name:
+        """Optimistic-concurrency headers checked before dedup, in nats-server's order.
+
+        A value that is not a number never matches (nats-server parses it as -1). A
+        per-message TTL (``Nats-TTL``) is refused: this server does not expire single
+        messages (without ``allow_msg_ttl`` the error is nats-server's).
+        """
+        if expected_stream and expected_stream.decode() != self.name:
             raise errors.expected_stream_mismatch()
-        if expected_last_seq is not None:
-            want = _int_header(expected_last_seq)
-            if want != self.state.last_seq:
-                raise errors.wrong_last_sequence(self.state.last_seq)
+        if msg_ttl:
+            if message_ttl(msg_ttl.decode(errors="replace")) is None:
+                raise errors.msg_ttl_invalid()
+            if self.config.allow_msg_ttl:
+                raise errors.msg_ttl_not_supported()
+            raise errors.msg_ttl_disabled()
         if expected_subj_seq is not None:
-            want = _int_header(expected_subj_seq)
             on = subject
-            if expected_subj_seq_subject is not None:
+            if expected_subj_seq_subject:
                 on = expected_subj_seq_subject.decode()
             have = self.last_by_subject(on)
-            if want != have:
+            if _int_header(expected_subj_seq) != have:
                 raise errors.wrong_last_sequence(have)
-        if expected_last_msg_id is not None:
-            want_id = expected_last_msg_id.decode()
-            if want_id != self.last_msg_id:
-                raise errors.wrong_last_msg_id(self.last_msg_id)
+        elif expected_subj_seq_subject:
+            raise errors.expected_last_subject_sequence_missing()
+        if expected_last_seq is not None and _int_header(expected_last_seq) != self.state.last_seq:
+            raise errors.wrong_last_sequence(self.state.last_seq)
 
-    def check_limits_for_new(self, subject: str, size: int) -> None:
-        """With ``discard: new``: refuse a message that would exceed a limit."""
-        cfg = self.config
-        st = self.state
-        if cfg.max_msg_size >= 0 and size > cfg.max_msg_size:
+    def check_last_msg_id(self, expected_last_msg_id: bytes) -> None:
+        """``Nats-Expected-Last-Msg-Id`` (checked after dedup, as nats-server does)."""
+        if expected_last_msg_id.decode() != self.last_msg_id:
+            raise errors.wrong_last_msg_id(self.last_msg_id)
+
+    def check_size(self, headers_len: int, payload_len: int) -> None:
+        """``max_msg_size`` covers headers plus payload; headers are capped at 64 KiB."""
+        limit = self.config.max_msg_size
+        if limit >= 0 and headers_len + payload_len > limit:
             raise errors.message_too_large()
+        if headers_len > 65535:
+            raise errors.header_too_large()
+
+    def check_limits_for_new(self, subject: str, size: int, rollup: bool = False) -> None:
+        """With ``discard: new``: refuse a message that would exceed a limit.
+
+        As in nats-server, a message whose subject is at ``max_msgs_per_subject``
+        replaces that subject's oldest, so it does not count against ``max_msgs``
+        (nor ``max_bytes`` when the replaced one is at least as large), unless
+        ``discard_new_per_subject`` refuses it (rollups pass: they purge the subject).
+        """
+        cfg = self.config
         if cfg.discard != "new":
             return
-        if cfg.max_msgs > 0 and st.msgs >= cfg.max_msgs:
+        st = self.state
+        replaces = 0
+        if cfg.max_msgs_per_subject > 0:
+            dq = self._by_subject.get(subject)
+            if dq is not None and len(dq) + 1 > cfg.max_msgs_per_subject:
+                if cfg.discard_new_per_subject and not rollup:
+                    raise errors.store_failed("maximum messages per subject exceeded")
+                replaces = dq[0]
+        if cfg.max_msgs > 0 and st.msgs >= cfg.max_msgs and not replaces:
             raise errors.store_failed("maximum messages exceeded")
         if cfg.max_bytes > 0 and st.bytes + size > cfg.max_bytes:
-            raise errors.store_failed("maximum bytes exceeded")
-        if cfg.discard_new_per_subject and cfg.max_msgs_per_subject > 0:
-            dq = self._by_subject.get(subject)
-            if dq is not None and len(dq) >= cfg.max_msgs_per_subject:
-                raise errors.store_failed("maximum messages per subject exceeded")
+            old = self._msgs[replaces].size if replaces else 0
+            if not replaces or old < size:
+                raise errors.store_failed("maximum bytes exceeded")
 
     # -- writes -----------------------------------------------------------------------------
     def append(self, meta: MessageMeta, msg_id: str) -> list[int]:
@@ -313,8 +390,8 @@ class Stream:
                 self.remove(st.first_seq)
         return evicted
 
-    def _enforce_limits_all(self) -> list[int]:
-        """After a configuration update: apply the (possibly tighter) limits everywhere."""
+    def enforce_limits(self) -> list[int]:
+        """Apply the limits everywhere (after a configuration update or a reload)."""
         evicted: list[int] = []
         for subject in list(self._by_subject):
             if subject in self._by_subject:
@@ -340,6 +417,25 @@ class Stream:
         if not self.config.max_age or not self.state.msgs:
             return 0
         return self._msgs[self.state.first_seq].ts + self.config.max_age
+
+    def forget(self, seq: int, msg_id: str) -> None:
+        """Undo :meth:`append` for a message whose commit failed.
+
+        Called newest first: a failed tail gives its sequences back, so numbering stays
+        what storage has (as after a restart).
+        """
+        self.remove(seq)
+        st = self.state
+        if seq == st.last_seq:
+            st.last_seq -= 1
+            if not st.msgs:
+                st.first_seq = st.last_seq + 1 if st.last_seq > 0 else 0
+        if msg_id:
+            hit = self._dedup.get(msg_id)
+            if hit is not None and hit[0] == seq:
+                del self._dedup[msg_id]
+            if self.last_msg_id == msg_id:
+                self.last_msg_id = ""
 
     def remove(self, seq: int) -> MessageMeta | None:
         meta = self._msgs.pop(seq, None)
@@ -379,8 +475,13 @@ class Stream:
             candidates = candidates[:-keep] if keep < len(candidates) else []
         for seq in candidates:
             self.remove(seq)
-        if not self.state.msgs:
-            self.state.first_seq = self.state.last_seq + 1
+        st = self.state
+        if not st.msgs:
+            st.first_seq = st.last_seq + 1
+            if up_to_seq > st.first_seq and not (filter_ and filter_ != ">"):
+                # Compacting past the end moves the numbering forward, as nats-server does.
+                st.first_seq = up_to_seq
+                st.last_seq = up_to_seq - 1
         return candidates
 
     def rollup(self, subject: str, mode: str) -> list[int]:
@@ -390,8 +491,33 @@ class Stream:
         return self.purge()
 
 
+_DURATION_PART = r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)"
+_DURATION = re.compile(f"(?:{_DURATION_PART})+")
+_UNIT_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9}
+
+
+def message_ttl(value: str) -> int | None:
+    """A ``Nats-TTL`` value as nats-server reads it: seconds, -1 for "never", None if invalid.
+
+    Go durations ("90s", "1h30m") must be at least a second; plain integers are seconds.
+    """
+    if value.lower() == "never":
+        return -1
+    text = value[1:] if value.startswith("+") else value
+    if text == "0" or _DURATION.fullmatch(text):
+        total = sum(
+            float(number) * _UNIT_NS.get(unit, 3600 * 10**9)
+            for number, unit in re.findall(_DURATION_PART, text)
+        )
+        return None if total < 10**9 else int(total // 10**9)
+    if value.isdigit():
+        return int(value)
+    return None
+
+
 def _int_header(raw: bytes) -> int:
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise errors.bad_request("invalid expected header value") from None
+        return -1
+    return value if value >= 0 else -1

@@ -7,12 +7,17 @@ import logging
 import signal
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from tether.engine.broker import Broker
 from tether.engine.clock import LoopClock
+from tether.engine.consumer_registry import ConsumerRegistry
+from tether.engine.jobs_service import ServiceSettings, WebhookService
 from tether.server.config import ServerConfig
-from tether.server.http import monitor
+from tether.server.http import monitor, webhook_api
+from tether.server.http.auth import GatewayMiddleware
 from tether.server.http.listener import HttpListener
+from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.jetstream import JetStreamApi
 from tether.server.nats.server import NatsServer
 from tether.storage import Store, open_store
@@ -32,6 +37,10 @@ class Tether:
         self.store: Store | None = None
         self.broker: Broker | None = None
         self.jetstream: JetStreamApi | None = None
+        self.consumers: ConsumerRegistry | None = None
+        self.consumer_api: ConsumerApi | None = None
+        self.webhooks: WebhookService | None = None
+        self.webhook_front: webhook_api.WebhookFront | None = None
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -41,10 +50,33 @@ class Tether:
         self.broker = Broker(self.store, LoopClock())
         await self.broker.load()
         self.jetstream = JetStreamApi(self.nats.router, self.broker)
+        self.consumers = ConsumerRegistry(self.broker)
+        self.consumer_api = ConsumerApi(self.jetstream, self.consumers, self.nats)
+        await self.consumers.load()
         self.jetstream.start()
+        self.consumer_api.start()
         self.nats.jetstream = True
         await self.nats.start()
-        web = Starlette(routes=monitor.routes(self))
+        clock = self.broker.clock
+        self.webhooks = WebhookService(
+            self.broker,
+            clock,
+            ServiceSettings(webhook_api.ledger_settings(cfg), cfg.webhook_token_key),
+        )
+        await self.webhooks.start()
+        self.webhook_front = webhook_api.build(self.webhooks, cfg)
+        await webhook_api.apply_seed(self.webhooks, cfg.webhook_seed)
+        self.webhook_front.start()
+        gateway = Middleware(
+            GatewayMiddleware,
+            max_body=webhook_api.max_body(cfg),
+            secret=cfg.http_gateway_secret,
+            tolerance=cfg.http_gateway_tolerance,
+            exempt=cfg.http_gateway_exempt,
+        )
+        web = Starlette(
+            routes=[*monitor.routes(self), *self.webhook_front.routes], middleware=[gateway]
+        )
         self.http = HttpListener(web, cfg.host, cfg.http_port)
         await self.http.start()
         self.http_port = self.http.port
@@ -56,8 +88,16 @@ class Tether:
         await self.nats.stop()
         if self.http is not None:
             await self.http.stop()
+        if self.webhook_front is not None:
+            await self.webhook_front.stop()
+        if self.webhooks is not None:
+            self.webhooks.stop()
         if self.jetstream is not None:
             await self.jetstream.stop()
+        if self.consumer_api is not None:
+            await self.consumer_api.stop()
+        if self.consumers is not None:
+            await self.consumers.close()
         if self.broker is not None:
             self.broker.close()
         if self.store is not None:

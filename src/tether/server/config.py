@@ -11,6 +11,34 @@ import msgspec
 MiB = 1024 * 1024
 
 
+class SeedResource(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A producer or channel that must exist at startup (created or updated)."""
+
+    id: str
+    name: str = ""
+    token: str = ""
+
+
+class SeedConsumer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A consumer that must exist at startup."""
+
+    id: str
+    channel: str
+    callback: str
+    name: str = ""
+    token: str = ""
+    type: Literal["push", "pull"] = "push"
+
+
+class WebhookSeed(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """webhook-broker's seed data (``[initial-*]`` sections), also writable in TOML as
+    ``[[webhook_seed.channels]]`` tables."""
+
+    producers: list[SeedResource] = msgspec.field(default_factory=list)
+    channels: list[SeedResource] = msgspec.field(default_factory=list)
+    consumers: list[SeedConsumer] = msgspec.field(default_factory=list)
+
+
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Every setting of ``tether serve``; each has a TOML key of the same name."""
 
@@ -32,6 +60,27 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     write_deadline: float = 10.0  # seconds a closing slow consumer may take to drain
     server_name: str = ""
     log_level: str = "info"
+    # -- webhook-broker compatible HTTP API (docs/http-api.md) --------------------------------
+    # A webhook-broker INI file: seed data plus [broker], [consumer-connection], [http],
+    # [scheduler] and [gateway-auth]; the keys below (TOML or flags) take precedence.
+    webhook_broker_config: str | None = None
+    webhook_max_retry: int = 5  # failed attempts retried; max_retry + 1 attempts in all
+    webhook_retry_backoff: list[float] = msgspec.field(default_factory=lambda: [5.0, 30.0, 60.0])
+    webhook_rational_delay: float = 2.0
+    webhook_connection_timeout: float = 30.0  # per push delivery
+    webhook_token_header: str = "X-Broker-Consumer-Token"
+    webhook_user_agent: str = "Webhook Message Broker"
+    webhook_concurrency: int = 16  # deliveries in flight per push consumer
+    webhook_min_schedule_delay: float = 120.0
+    # Key sealing push consumers' tokens at rest; without one the key lives in the store.
+    webhook_token_key: str | None = None
+    webhook_seed: WebhookSeed = msgspec.field(default_factory=WebhookSeed)
+    http_max_body: int = 0  # request body limit; 0 = max_payload + 64 KiB
+    http_gateway_secret: str | None = None  # enables X-Broker-Signature HMAC auth
+    http_gateway_tolerance: float = 300.0
+    http_gateway_exempt: list[str] = msgspec.field(
+        default_factory=lambda: ["/_status", "/metrics", "/debug/pprof/", "/healthz"]
+    )
 
     @property
     def auth_required(self) -> bool:
@@ -42,13 +91,24 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ServerCon
     """Defaults, then the TOML file (top level or a ``[server]`` table), then flags."""
     values: dict[str, Any] = {}
     if path is not None:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML: {exc}") from exc
         section = doc.get("server", doc)
         if not isinstance(section, dict):
             raise ValueError(f"{path}: [server] must be a table")
         values.update({k.replace("-", "_"): v for k, v in section.items()})
     values.update({k: v for k, v in overrides.items() if v is not None})
+    ini_path = values.get("webhook_broker_config")
+    if isinstance(ini_path, str) and ini_path:
+        from tether.server.http.ini_config import load_ini
+
+        # The INI file is the compatibility layer: native keys and flags win over it.
+        values = {**load_ini(ini_path), **values}
     try:
         return msgspec.convert(values, ServerConfig)
     except msgspec.ValidationError as exc:

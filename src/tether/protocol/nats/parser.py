@@ -4,6 +4,17 @@ Bytes are fed as they arrive from a socket: a frame may be split across reads at
 byte and one read may hold many frames. Each complete frame is reported to a handler
 by calling one method on it, so the hot path allocates no frame objects. Any input
 yields either handler calls or a :class:`ProtocolError`, never another exception.
+
+What counts as an error, and which error, follows nats-server's own parser:
+
+- an operation it does not know (checked as soon as the first bytes of a line arrive,
+  so a peer cannot make us buffer garbage) is ``Unknown Protocol Operation``;
+- malformed arguments of a known operation (a missing or non-numeric size, the wrong
+  number of arguments) close the connection silently (``ProtocolError.silent``);
+- keywords are case-insensitive; ``PING``, ``PONG`` and ``+OK`` ignore anything after
+  the keyword up to the end of the line, ``CONNECT`` and ``INFO`` need no space before
+  their JSON, the other operations need a space or tab after the keyword;
+- ``max_control_line`` bounds the arguments of an operation (the keyword excluded).
 """
 
 from __future__ import annotations
@@ -15,10 +26,14 @@ from tether.protocol.nats.errors import (
     MAX_PAYLOAD,
     UNKNOWN_OPERATION,
     ProtocolError,
+    bad_arguments,
 )
 
 DEFAULT_MAX_CONTROL_LINE = 4096
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+# nats-server parses at most 9 digits of a size; anything longer is a malformed size.
+_MAX_SIZE = 999_999_999
 
 
 def decode(raw: bytes) -> str:
@@ -49,12 +64,100 @@ class Handler(Protocol):
 # Payload kinds awaiting their bytes.
 _PUB, _HPUB, _MSG, _HMSG = 1, 2, 3, 4
 
+# Operation codes, looked up by keyword (upper or lower case) in one dict probe.
+_OP_PUB, _OP_HPUB, _OP_SUB, _OP_UNSUB, _OP_MSG, _OP_HMSG = 1, 2, 3, 4, 5, 6
+_OP_PING, _OP_PONG, _OP_OK, _OP_ERR, _OP_CONNECT, _OP_INFO = 7, 8, 9, 10, 11, 12
+
+_KEYWORDS: dict[bytes, int] = {
+    b"PUB": _OP_PUB,
+    b"HPUB": _OP_HPUB,
+    b"SUB": _OP_SUB,
+    b"UNSUB": _OP_UNSUB,
+    b"MSG": _OP_MSG,
+    b"HMSG": _OP_HMSG,
+    b"PING": _OP_PING,
+    b"PONG": _OP_PONG,
+    b"+OK": _OP_OK,
+    b"-ERR": _OP_ERR,
+    b"CONNECT": _OP_CONNECT,
+    b"INFO": _OP_INFO,
+}
+_OPS = {**_KEYWORDS, **{k.lower(): v for k, v in _KEYWORDS.items()}}
+
+# Keywords that take no arguments: the rest of their line is ignored.
+_NO_ARGS = frozenset((_OP_PING, _OP_PONG, _OP_OK))
+# Keywords whose argument may follow without a separator.
+_NO_SEPARATOR = frozenset((_OP_PING, _OP_PONG, _OP_OK, _OP_CONNECT, _OP_INFO))
+_SEPARATORS = (0x20, 0x09)
+
+
+# Sizes seen recently, so the hot path skips int() (slow on bytes); bounded.
+_SIZES: dict[bytes, int] = {}
+_SIZES_MAX = 4096
+
 
 def _size(raw: bytes) -> int:
+    size = _SIZES.get(raw)
+    if size is not None:
+        return size
     # int() accepts "+5", " 5" and "5_0"; the protocol allows only plain digits.
     if not raw.isdigit():
-        raise ProtocolError(UNKNOWN_OPERATION)
-    return int(raw)
+        raise bad_arguments("bad or missing size")
+    size = int(raw)
+    if len(_SIZES) < _SIZES_MAX:
+        _SIZES[raw] = size
+    return size
+
+
+def _too_big(size: int) -> ProtocolError:
+    if size > _MAX_SIZE:
+        return bad_arguments("size out of range")
+    return ProtocolError(MAX_PAYLOAD)
+
+
+def _classify(head: bytes, complete: bool, server_side: bool) -> tuple[bytes, int] | None:
+    """Which keyword a line starts with, as nats-server's state machine reads it.
+
+    ``head`` is the start of the line, upper-cased (8 bytes are enough). For an
+    incomplete line, ``(b"", 0)`` means "could still become a valid operation".
+    Returns None when the bytes cannot start any operation.
+    """
+    for keyword, op in _KEYWORDS.items():
+        if server_side and op in (_OP_MSG, _OP_HMSG):
+            continue  # a client may not send these
+        k = len(keyword)
+        if len(head) < k:
+            if not complete and keyword.startswith(head):
+                return b"", 0
+            continue
+        if not head.startswith(keyword):
+            continue
+        if op in _NO_SEPARATOR:
+            return keyword, op
+        if len(head) > k and head[k] in _SEPARATORS:
+            return keyword, op
+        if len(head) == k and not complete:
+            return b"", 0
+    return None
+
+
+def _arg_length(line: bytes, keyword: bytes) -> int:
+    """Length of an op's arguments: after the keyword and its separators, without a CR."""
+    start = len(keyword)
+    end = len(line)
+    while start < end and line[start] in _SEPARATORS:
+        start += 1
+    if end > start and line[end - 1] == 0x0D:
+        end -= 1
+    return end - start
+
+
+def _arguments_error(line: bytes, op: bytes) -> ProtocolError:
+    """A known op with the wrong number of arguments."""
+    if len(line) == len(op):
+        # No separator after the keyword at all: nats-server's state machine fails there.
+        return ProtocolError(UNKNOWN_OPERATION)
+    return bad_arguments("wrong number of arguments")
 
 
 class Parser:
@@ -62,7 +165,8 @@ class Parser:
 
     ``max_payload`` bounds the size a PUB/HPUB/MSG/HMSG may declare (checked before
     the payload is buffered, so a peer cannot make us hold more than that);
-    ``max_control_line`` bounds an op line.
+    ``max_control_line`` bounds an op's arguments. ``server_side`` rejects the ops
+    only a server sends (MSG, HMSG) as soon as their line arrives.
     """
 
     __slots__ = (
@@ -75,6 +179,7 @@ class Parser:
         "_need",
         "max_control_line",
         "max_payload",
+        "server_side",
     )
 
     def __init__(
@@ -83,16 +188,23 @@ class Parser:
         *,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         max_control_line: int = DEFAULT_MAX_CONTROL_LINE,
+        server_side: bool = False,
     ) -> None:
         self._handler = handler
         self.max_payload = max_payload
         self.max_control_line = max_control_line
+        self.server_side = server_side
         self._buf = bytearray()
         self._kind = 0  # payload kind being awaited, 0 when awaiting an op line
         self._need = 0  # payload size + CRLF
         self._hsize = 0
         self._args: tuple[str, str, str] = ("", "", "")
         self._dead = False
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buf)
 
     def feed(self, data: bytes) -> None:
         """Parse ``data``; calls the handler for every complete frame.
@@ -105,7 +217,12 @@ class Parser:
         if self._buf:
             self._buf += data
             if self._kind and len(self._buf) < self._need:
-                return  # still waiting for a payload: do not rescan
+                # Still waiting for a payload: do not rescan, but fail as soon as the
+                # byte after it is there and is not the CR it must be.
+                if len(self._buf) == self._need - 1 and self._buf[-1] != 13:
+                    self._dead = True
+                    raise ProtocolError(UNKNOWN_OPERATION)
+                return
             buf = bytes(self._buf)
             self._buf.clear()
         else:
@@ -131,6 +248,8 @@ class Parser:
             if kind:
                 end = pos + self._need
                 if end > n:
+                    if end - 1 == n and buf[n - 1] != 13:
+                        raise ProtocolError(UNKNOWN_OPERATION)
                     return pos
                 if buf[end - 2 : end] != b"\r\n":
                     raise ProtocolError(UNKNOWN_OPERATION)
@@ -151,41 +270,112 @@ class Parser:
 
             nl = buf.find(b"\n", pos)
             if nl < 0:
-                if n - pos > max_line:
-                    raise ProtocolError(MAX_CONTROL_LINE)
-                return pos
-            if nl - pos > max_line:
-                raise ProtocolError(MAX_CONTROL_LINE)
+                return self._partial(buf, pos)
             line = buf[pos : nl - 1] if nl > pos and buf[nl - 1] == 13 else buf[pos:nl]
+            if nl - pos > max_line:
+                self._check_long_line(line)
             pos = nl + 1
-            self._op(line, h)
+            parts = line.split()
+            if not parts:
+                raise ProtocolError(UNKNOWN_OPERATION)
+            if parts[0] == b"PUB" and line[0] == 80:
+                # The hot path inlined: a PUB, usually with its payload already at hand.
+                argc = len(parts)
+                if argc == 3:
+                    reply = ""
+                elif argc == 4:
+                    reply = decode(parts[2])
+                else:
+                    raise _arguments_error(line, parts[0])
+                raw = parts[argc - 1]
+                size = _SIZES.get(raw)
+                if size is None:
+                    size = _size(raw)
+                if size > self.max_payload:
+                    raise _too_big(size)
+                end = pos + size + 2
+                if end > n:
+                    if end - 1 == n and buf[n - 1] != 13:
+                        raise ProtocolError(UNKNOWN_OPERATION)
+                    self._kind = _PUB
+                    self._need = size + 2
+                    self._args = (decode(parts[1]), reply, "")
+                    return pos
+                if buf[end - 2 : end] != b"\r\n":
+                    raise ProtocolError(UNKNOWN_OPERATION)
+                h.on_pub(decode(parts[1]), reply, buf[pos : end - 2])
+                pos = end
+                continue
+            self._op(line, parts, h)
         return pos
 
-    def _op(self, line: bytes, h: Handler) -> None:
-        parts = line.split()
-        if not parts:
+    def _partial(self, buf: bytes, pos: int) -> int:
+        """A line without its newline yet: fail now if it cannot become a valid op."""
+        found = _classify(buf[pos : pos + 8].upper(), False, self.server_side)
+        if found is None:
             raise ProtocolError(UNKNOWN_OPERATION)
-        op = parts[0].upper()
+        keyword, op = found
+        if len(buf) - pos > self.max_control_line and keyword:
+            if op in _NO_ARGS:
+                # nats-server skips the rest of such a line without holding it.
+                self._buf += buf[pos : pos + len(keyword)]
+                return len(buf)
+            if _arg_length(buf[pos:], keyword) > self.max_control_line:
+                raise ProtocolError(MAX_CONTROL_LINE)
+        return pos
+
+    def _check_long_line(self, line: bytes) -> None:
+        """A complete line longer than the limit: is it the arguments that are too long?"""
+        found = _classify(line[:8].upper(), True, self.server_side) if line[:1] > b" " else None
+        if found is None:
+            raise ProtocolError(UNKNOWN_OPERATION)
+        keyword, op = found
+        if op not in _NO_ARGS and _arg_length(line, keyword) > self.max_control_line:
+            raise ProtocolError(MAX_CONTROL_LINE)
+
+    def _op(self, line: bytes, parts: list[bytes], h: Handler) -> None:
+        op = _OPS.get(parts[0], 0)
+        if not op or line[0] <= 32:
+            op = self._unusual_op(line, parts)
         argc = len(parts) - 1
-        if op == b"PUB":
+        if op == _OP_PUB:
             if argc == 2:
                 self._await(_PUB, _size(parts[2]), 0, decode(parts[1]), "", "")
             elif argc == 3:
                 self._await(_PUB, _size(parts[3]), 0, decode(parts[1]), decode(parts[2]), "")
             else:
-                raise ProtocolError(UNKNOWN_OPERATION)
-        elif op == b"HPUB":
+                raise _arguments_error(line, parts[0])
+        elif op == _OP_HPUB:
             if argc == 3:
                 subject, reply, hraw, traw = parts[1], b"", parts[2], parts[3]
             elif argc == 4:
                 subject, reply, hraw, traw = parts[1], parts[2], parts[3], parts[4]
             else:
-                raise ProtocolError(UNKNOWN_OPERATION)
+                raise _arguments_error(line, parts[0])
             hsize, total = _size(hraw), _size(traw)
             if hsize > total:
-                raise ProtocolError(UNKNOWN_OPERATION)
+                raise bad_arguments("header size larger than total size")
             self._await(_HPUB, total, hsize, decode(subject), decode(reply), "")
-        elif op == b"MSG":
+        elif op == _OP_SUB:
+            if argc == 2:
+                h.on_sub(decode(parts[1]), "", decode(parts[2]))
+            elif argc == 3:
+                h.on_sub(decode(parts[1]), decode(parts[2]), decode(parts[3]))
+            else:
+                raise _arguments_error(line, parts[0])
+        elif op == _OP_UNSUB:
+            if argc == 1:
+                h.on_unsub(decode(parts[1]), 0)
+            elif argc == 2:
+                # nats-server reads a malformed maximum as "no maximum": remove now.
+                raw = parts[2]
+                ok = raw.isdigit() and len(raw) <= 9
+                h.on_unsub(decode(parts[1]), int(raw) if ok else 0)
+            else:
+                raise _arguments_error(line, parts[0])
+        elif op == _OP_MSG:
+            if self.server_side:
+                raise ProtocolError(UNKNOWN_OPERATION)
             if argc == 3:
                 self._await(_MSG, _size(parts[3]), 0, decode(parts[1]), decode(parts[2]), "")
             elif argc == 4:
@@ -193,59 +383,55 @@ class Parser:
                     _MSG, _size(parts[4]), 0, decode(parts[1]), decode(parts[2]), decode(parts[3])
                 )
             else:
+                raise _arguments_error(line, parts[0])
+        elif op == _OP_HMSG:
+            if self.server_side:
                 raise ProtocolError(UNKNOWN_OPERATION)
-        elif op == b"HMSG":
             if argc == 4:
                 subject, sid, reply, hraw, traw = parts[1], parts[2], b"", parts[3], parts[4]
             elif argc == 5:
                 subject, sid, reply, hraw, traw = parts[1], parts[2], parts[3], parts[4], parts[5]
             else:
-                raise ProtocolError(UNKNOWN_OPERATION)
+                raise _arguments_error(line, parts[0])
             hsize, total = _size(hraw), _size(traw)
             if hsize > total:
-                raise ProtocolError(UNKNOWN_OPERATION)
+                raise bad_arguments("header size larger than total size")
             self._await(_HMSG, total, hsize, decode(subject), decode(sid), decode(reply))
-        elif op == b"PING":
+        elif op == _OP_PING:
             h.on_ping()
-        elif op == b"PONG":
+        elif op == _OP_PONG:
             h.on_pong()
-        elif op == b"SUB":
-            if argc == 2:
-                h.on_sub(decode(parts[1]), "", decode(parts[2]))
-            elif argc == 3:
-                h.on_sub(decode(parts[1]), decode(parts[2]), decode(parts[3]))
-            else:
-                raise ProtocolError(UNKNOWN_OPERATION)
-        elif op == b"UNSUB":
-            if argc == 1:
-                h.on_unsub(decode(parts[1]), 0)
-            elif argc == 2:
-                h.on_unsub(decode(parts[1]), _size(parts[2]))
-            else:
-                raise ProtocolError(UNKNOWN_OPERATION)
-        elif op == b"CONNECT":
-            h.on_connect(_rest(line, 7))
-        elif op == b"INFO":
-            h.on_info(_rest(line, 4))
-        elif op == b"+OK":
+        elif op == _OP_CONNECT:
+            h.on_connect(line[7:].strip())
+        elif op == _OP_INFO:
+            h.on_info(line[4:].strip())
+        elif op == _OP_OK:
             h.on_ok()
-        elif op == b"-ERR":
-            h.on_err(_err_text(_rest(line, 4)))
-        else:
+        else:  # _OP_ERR
+            if argc == 0:
+                raise _arguments_error(line, parts[0])
+            h.on_err(_err_text(line[4:].strip()))
+
+    def _unusual_op(self, line: bytes, parts: list[bytes]) -> int:
+        """The slow path: mixed-case keywords, ``PINGxyz``, ``CONNECT{…}``, garbage."""
+        if line[0] <= 32:
             raise ProtocolError(UNKNOWN_OPERATION)
+        found = _classify(line[:8].upper(), True, self.server_side)
+        if found is None:
+            raise ProtocolError(UNKNOWN_OPERATION)
+        keyword, op = found
+        if op in _NO_SEPARATOR:
+            # The keyword may run into its argument: re-split so parts[0] is the keyword.
+            parts[:] = [keyword, *line[len(keyword) :].split()]
+        return op
 
     def _await(self, kind: int, size: int, hsize: int, a: str, b: str, c: str) -> None:
         if size > self.max_payload:
-            raise ProtocolError(MAX_PAYLOAD)
+            raise _too_big(size)
         self._kind = kind
         self._need = size + 2
         self._hsize = hsize
         self._args = (a, b, c)
-
-
-def _rest(line: bytes, op_len: int) -> bytes:
-    """The argument text after an op keyword (JSON for CONNECT/INFO)."""
-    return line[op_len:].strip()
 
 
 def _err_text(raw: bytes) -> str:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import socket
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -28,7 +29,36 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tether.nats")
 
-_decode_json = msgspec.json.Decoder(dict[str, Any]).decode
+
+class ConnectOptions(msgspec.Struct, rename={"password": "pass"}):
+    """The CONNECT fields the server reads; ``None`` means "not sent" (keep what we had).
+
+    Decoding is as strict about types as nats-server's (Go's) JSON decoding: a field
+    of the wrong type fails the whole CONNECT.
+    """
+
+    verbose: bool | None = None
+    pedantic: bool | None = None
+    echo: bool | None = None
+    headers: bool | None = None
+    no_responders: bool | None = None
+    protocol: int | None = None
+    tls_required: bool | None = None
+    name: str | None = None
+    lang: str | None = None
+    version: str | None = None
+    auth_token: str | None = None
+    user: str | None = None
+    password: str | None = None
+    jwt: str | None = None
+    nkey: str | None = None
+    sig: str | None = None
+    account: str | None = None
+    new_account: bool | None = None
+
+
+_decode_connect = msgspec.json.Decoder(ConnectOptions).decode
+_decode_any = msgspec.json.Decoder().decode
 
 
 class ClientSubscription:
@@ -65,17 +95,22 @@ class ClientConnection(asyncio.Protocol):
         self.cid = cid
         cfg = server.config
         self.parser = Parser(
-            self, max_payload=cfg.max_payload, max_control_line=cfg.max_control_line
+            self,
+            max_payload=cfg.max_payload,
+            max_control_line=cfg.max_control_line,
+            server_side=True,
         )
         self.transport: asyncio.Transport | None = None
         self.subs: dict[str, ClientSubscription] = {}
         self.connected = False  # CONNECT received and accepted
         self.closing = False
-        self.verbose = False
-        self.pedantic = False
+        # nats-server's defaults until a CONNECT says otherwise (a telnet user gets +OK).
+        self.verbose = True
+        self.pedantic = True
         self.echo = True
         self.headers = False
         self.no_responders = False
+        self.protocol = 0
         self.name = ""
         self.lang = ""
         self.version = ""
@@ -89,6 +124,7 @@ class ClientConnection(asyncio.Protocol):
         self._flush_handle: asyncio.Handle | None = None
         self._pings_out = 0
         self._got_data = False
+        self._first_pong_sent = False
         self._ping_timer: asyncio.TimerHandle | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
         self._auth_required = cfg.auth_required
@@ -100,10 +136,8 @@ class ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         sock = self.transport.get_extra_info("socket")
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote = (str(peer[0]), int(peer[1]))
@@ -122,11 +156,22 @@ class ClientConnection(asyncio.Protocol):
             return
         self._got_data = True
         try:
+            # Until it authenticates, the only thing a client may send is CONNECT;
+            # nats-server rejects anything else on its first byte.
+            if (
+                self._auth_required
+                and not self.connected
+                and not self.parser.pending
+                and data[:1] not in (b"C", b"c")
+            ):
+                raise ProtocolError(errors.AUTH_VIOLATION)
             self.parser.feed(data)
         except ProtocolError as exc:
-            if exc.message != errors.UNKNOWN_OPERATION or not self.closing:
-                log.debug("client %d protocol error: %s", self.cid, exc.message)
-            self.close_with_error(exc.message)
+            log.debug("client %d protocol error: %s", self.cid, exc.message)
+            if exc.silent:
+                self.close()
+            else:
+                self.close_with_error(exc.message)
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -139,9 +184,15 @@ class ClientConnection(asyncio.Protocol):
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        for sub in list(self.subs.values()):
-            self._unindex(sub)
+        subs = list(self.subs.values())
         self.subs.clear()
+        if subs:
+            for sub in subs:
+                sub.client = None
+            # One sweep of the match cache for all of them, not one per subscription.
+            self.server.router.index.remove_many((s.subject, s, s.queue or None) for s in subs)
+            for sub in subs:
+                self.server.on_interest_change(sub.subject)
         self._out.clear()
         self.server.remove(self)
 
@@ -203,23 +254,46 @@ class ClientConnection(asyncio.Protocol):
         if transport.get_write_buffer_size() > self.server.config.max_pending:
             self._slow_consumer()
 
+    def flush_now(self) -> None:
+        """Hand everything buffered to the transport (used before a shutdown)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._flush()
+
     def _slow_consumer(self) -> None:
-        if self.closing:
+        """Cut off a client that does not keep up, as nats-server does: at once, dropping
+        what it is owed, without an ``-ERR`` (it would queue behind all the rest); the
+        client sees the connection close and may reconnect."""
+        transport = self.transport
+        if self.closing or transport is None:
             return
-        log.warning("client %d is a slow consumer; closing", self.cid)
+        log.warning(
+            "client %d is a slow consumer (more than %d bytes pending); closing",
+            self.cid,
+            self.server.config.max_pending,
+        )
         self.server.slow_consumers += 1
+        self.closing = True
         self._out.clear()
         self._out_size = 0
-        self.close_with_error(errors.SLOW_CONSUMER)
+        transport.abort()
 
     def close_with_error(self, message: str) -> None:
         """Send ``-ERR`` and close; a peer that does not read is cut off after a deadline."""
+        self._close(encode_err(message))
+
+    def close(self) -> None:
+        """Close after flushing what is buffered, without an error line."""
+        self._close(b"")
+
+    def _close(self, last: bytes) -> None:
         transport = self.transport
         if transport is None or self.closing:
             return
         self._flush()
         self.closing = True
-        transport.write(encode_err(message))
+        if last:
+            transport.write(last)
         transport.close()
         if transport.get_write_buffer_size():
             self._loop.call_later(self.server.config.write_deadline, transport.abort)
@@ -233,13 +307,15 @@ class ClientConnection(asyncio.Protocol):
         if self.closing:
             return
         cfg = self.server.config
-        if self._pings_out >= cfg.max_pings_out:
-            self.close_with_error(errors.STALE_CONNECTION)
-            return
-        if not self._got_data or self._pings_out:
+        if self._got_data:
+            # Data from the client within the interval proves it alive: no PING needed.
+            self._got_data = False
+        else:
+            if self._pings_out + 1 > cfg.max_pings_out:
+                self.close_with_error(errors.STALE_CONNECTION)
+                return
             self._pings_out += 1
             self.write(PING)
-        self._got_data = False
         self._ping_timer = self._loop.call_later(cfg.ping_interval, self._ping_tick)
 
     def _auth_expired(self) -> None:
@@ -249,75 +325,91 @@ class ClientConnection(asyncio.Protocol):
     # -- parser handler: client → server ops -----------------------------------------
     def on_connect(self, options: bytes) -> None:
         try:
-            opts = _decode_json(options)
+            opts = _decode_connect(options)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            raise ProtocolError(errors.UNKNOWN_OPERATION) from None
+            raise errors.bad_arguments("malformed CONNECT") from None
         if self._auth_required and not self._authorized(opts):
             log.info("client %d: authorization violation", self.cid)
+            raise ProtocolError(errors.AUTH_VIOLATION)
+        if opts.account or opts.new_account:
+            # nats-server no longer lets a client pick its account.
             raise ProtocolError(errors.AUTH_VIOLATION)
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
         self.connected = True
-        self.verbose = bool(opts.get("verbose", False))
-        self.pedantic = bool(opts.get("pedantic", False))
-        self.echo = bool(opts.get("echo", True))
-        self.headers = bool(opts.get("headers", False))
-        self.no_responders = bool(opts.get("no_responders", False)) and self.headers
-        self.name = str(opts.get("name", "") or "")
-        self.lang = str(opts.get("lang", "") or "")
-        self.version = str(opts.get("version", "") or "")
+        # Like Go's JSON decoding into the existing options: absent fields keep their value.
+        if opts.verbose is not None:
+            self.verbose = opts.verbose
+        if opts.pedantic is not None:
+            self.pedantic = opts.pedantic
+        if opts.echo is not None:
+            self.echo = opts.echo
+        if opts.headers is not None:
+            self.headers = opts.headers
+        if opts.no_responders is not None:
+            self.no_responders = opts.no_responders
+        if opts.protocol is not None:
+            self.protocol = opts.protocol
+        if opts.name is not None:
+            self.name = opts.name
+        if opts.lang is not None:
+            self.lang = opts.lang
+        if opts.version is not None:
+            self.version = opts.version
+        if not 0 <= self.protocol <= 1:
+            raise ProtocolError(errors.BAD_CLIENT_PROTOCOL)
+        if self.no_responders and not self.headers:
+            raise ProtocolError(errors.NO_RESPONDERS_REQUIRES_HEADERS)
         if self.verbose:
             self.write(OK)
 
-    def _authorized(self, opts: dict[str, Any]) -> bool:
+    def _authorized(self, opts: ConnectOptions) -> bool:
         cfg = self.server.config
         if cfg.auth_token:
-            token = opts.get("auth_token")
-            return isinstance(token, str) and hmac.compare_digest(
+            token = opts.auth_token
+            return token is not None and hmac.compare_digest(
                 token.encode(), cfg.auth_token.encode()
             )
-        user, password = opts.get("user"), opts.get("pass")
-        if not isinstance(user, str) or not isinstance(password, str):
+        user, password = opts.user, opts.password
+        if user is None or password is None:
             return False
         ok_user = hmac.compare_digest(user.encode(), (cfg.user or "").encode())
         ok_pass = hmac.compare_digest(password.encode(), (cfg.password or "").encode())
         return ok_user and ok_pass
 
-    def _require_auth(self) -> None:
-        if self._auth_required and not self.connected:
-            raise ProtocolError(errors.AUTH_VIOLATION)
-
     def on_pub(self, subject: str, reply: str, payload: bytes) -> None:
-        if self._auth_required and not self.connected:
-            raise ProtocolError(errors.AUTH_VIOLATION)
-        if not is_valid_subject(subject):
+        if self.pedantic and not is_valid_subject(subject):
+            # nats-server reports it, then routes the message all the same.
             self.send_error(errors.INVALID_PUBLISH_SUBJECT)
-            return
         self.in_msgs += 1
         self.in_bytes += len(payload)
-        self.server.router.publish(self, subject, reply, None, payload)
         if self.verbose:
             self.write(OK)
+        if ".." in subject or subject[0] == "." or subject[-1] == ".":
+            # An empty token matches no subscription, as in nats-server's sublist.
+            self.server.router.no_interest(self, subject, reply)
+            return
+        self.server.router.publish(self, subject, reply, None, payload)
 
     def on_hpub(self, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
-        self._require_auth()
-        if not is_valid_subject(subject):
+        if not self.headers:
+            raise errors.bad_arguments("HPUB without headers support")
+        if self.pedantic and not is_valid_subject(subject):
             self.send_error(errors.INVALID_PUBLISH_SUBJECT)
-            return
-        if not headers.startswith(b"NATS/1.0"):
-            # nats-server drops a message whose header block is not NATS/1.0.
-            self.send_error("Invalid Headers")
-            return
         self.in_msgs += 1
         self.in_bytes += len(payload) + len(headers)
-        self.server.router.publish(self, subject, reply, headers, payload)
         if self.verbose:
             self.write(OK)
+        if ".." in subject or subject[0] == "." or subject[-1] == ".":
+            self.server.router.no_interest(self, subject, reply)
+            return
+        # An empty header block is a plain message, as nats-server delivers it.
+        self.server.router.publish(self, subject, reply, headers or None, payload)
 
     def on_sub(self, subject: str, queue: str, sid: str) -> None:
-        self._require_auth()
-        if not is_valid_filter(subject) or (queue and not is_valid_subject(queue)):
+        # nats-server validates the subject only; any queue name is accepted.
+        if not is_valid_filter(subject):
             self.send_error(errors.INVALID_SUBJECT)
             return
         if sid not in self.subs:
@@ -329,7 +421,6 @@ class ClientConnection(asyncio.Protocol):
             self.write(OK)
 
     def on_unsub(self, sid: str, max_msgs: int) -> None:
-        self._require_auth()
         sub = self.subs.get(sid)
         if sub is not None:
             if max_msgs and sub.delivered < max_msgs:
@@ -350,22 +441,32 @@ class ClientConnection(asyncio.Protocol):
 
     def on_ping(self) -> None:
         self.write(PONG)
+        if self.connected and not self._first_pong_sent:
+            # nats-server follows the first PONG after CONNECT with an INFO confirming
+            # the connection, for clients that speak protocol 1.
+            self._first_pong_sent = True
+            if self.protocol >= 1:
+                self.write(encode_info(self.server.info_for(self, connect_info=True)))
 
     def on_pong(self) -> None:
         self._pings_out = 0
 
-    # -- server → client ops are not valid from a client --------------------------------
+    # -- ops a client sends only by mistake; handled as nats-server handles them ---------
     def on_info(self, info: bytes) -> None:
-        raise ProtocolError(errors.UNKNOWN_OPERATION)
-
-    def on_msg(self, subject: str, sid: str, reply: str, payload: bytes) -> None:
-        raise ProtocolError(errors.UNKNOWN_OPERATION)
-
-    def on_hmsg(self, subject: str, sid: str, reply: str, headers: bytes, payload: bytes) -> None:
-        raise ProtocolError(errors.UNKNOWN_OPERATION)
+        try:
+            _decode_any(info)
+        except msgspec.DecodeError:
+            raise errors.bad_arguments("malformed INFO") from None
 
     def on_ok(self) -> None:
-        raise ProtocolError(errors.UNKNOWN_OPERATION)
+        pass
 
     def on_err(self, message: str) -> None:
-        raise ProtocolError(errors.UNKNOWN_OPERATION)
+        log.info("client %d sent an error: %s", self.cid, message)
+        raise errors.bad_arguments("client error")
+
+    def on_msg(self, subject: str, sid: str, reply: str, payload: bytes) -> None:
+        raise ProtocolError(errors.UNKNOWN_OPERATION)  # the server-side parser never calls it
+
+    def on_hmsg(self, subject: str, sid: str, reply: str, headers: bytes, payload: bytes) -> None:
+        raise ProtocolError(errors.UNKNOWN_OPERATION)  # the server-side parser never calls it

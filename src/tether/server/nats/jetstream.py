@@ -13,17 +13,17 @@ import base64
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 from tether.engine import errors
 from tether.engine.broker import Broker, PubAck
 from tether.engine.stream import Stream
-from tether.engine.subjects import filters_overlap, is_valid_filter, subject_matches
+from tether.engine.subjects import filters_overlap
 from tether.protocol.nats.commands import encode
-from tether.storage.base import StoredMessage
 from tether.server.nats.router import InternalSubscription, Router
+from tether.storage.base import StoredMessage
 
 log = logging.getLogger("tether.jetstream")
 
@@ -34,11 +34,44 @@ _decode_json = msgspec.json.Decoder(dict[str, Any]).decode
 Handler = Callable[[list[str], str, bytes | None, bytes], Awaitable[dict[str, Any] | None]]
 
 
+ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time.Time, which nats-server reports
+MAX_SUBJECT_DETAILS = 100_000  # subjects per STREAM.INFO page (JSMaxSubjectDetails)
+NAMES_LIMIT = 1024
+LIST_LIMIT = 256
+DIRECT_MAX_BYTES = 64 * 1024 * 1024  # a batch's default byte budget (nats-server's MaxPending)
+
+
 def rfc3339(ns: int) -> str:
-    """nats-server's timestamp format: RFC 3339 with nanoseconds, UTC."""
+    """Go's RFC3339Nano in UTC: trailing zeros of the fraction trimmed; 0 is Go's zero time."""
+    if ns <= 0:
+        return ZERO_TIME
     secs, frac = divmod(ns, 1_000_000_000)
     base = datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{base}.{frac:09d}Z"
+    if not frac:
+        return base + "Z"
+    return f"{base}.{frac:09d}".rstrip("0") + "Z"
+
+
+def parse_rfc3339(text: str) -> int:
+    """An RFC 3339 timestamp (up to nanoseconds) as ns since the epoch; ValueError if bad."""
+    head, dot, rest = text.partition(".")
+    frac = 0
+    zone = ""
+    if dot:
+        digits = ""
+        for i, ch in enumerate(rest):
+            if not ch.isdigit():
+                zone = rest[i:]
+                break
+            digits += ch
+        if not digits or len(digits) > 9:
+            raise ValueError(text)
+        frac = int(digits.ljust(9, "0"))
+        text = head + zone
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError(text)
+    return int(parsed.timestamp()) * 1_000_000_000 + frac
 
 
 def parse_body(payload: bytes) -> dict[str, Any]:
@@ -46,8 +79,92 @@ def parse_body(payload: bytes) -> dict[str, Any]:
         return {}
     try:
         return _decode_json(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise errors.invalid_json(str(exc)) from None
+
+
+class NoReply(Exception):
+    """Raised by a handler whose request nats-server ignores (no reply at all)."""
+
+
+# -- request bodies, decoded as strictly as nats-server does (unknown fields → 10025) ----
+
+Seq = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _StreamInfoRequest(msgspec.Struct, forbid_unknown_fields=True):
+    deleted_details: bool = False
+    subjects_filter: str = ""
+    offset: int = 0
+
+
+class _PagedRequest(msgspec.Struct, forbid_unknown_fields=True):
+    offset: int = 0
+    subject: str = ""
+
+
+class _PurgeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    filter: str = ""
+    seq: Seq = 0
+    keep: Seq = 0
+
+
+class _MsgDeleteRequest(msgspec.Struct, forbid_unknown_fields=True):
+    seq: Seq = 0
+    no_erase: bool = False
+
+
+class _DirectGetRequest(msgspec.Struct):
+    """DIRECT.GET's body (nats-server decodes it leniently: unknown fields pass)."""
+
+    seq: Seq = 0
+    last_by_subj: str = ""
+    next_by_subj: str = ""
+    batch: int = 0
+    max_bytes: int = 0
+    start_time: str | None = None
+    multi_last: list[str] | None = None
+    up_to_seq: Seq = 0
+    up_to_time: str | None = None
+    no_hdr: bool = False
+
+
+class _MsgGetRequest(_DirectGetRequest, forbid_unknown_fields=True):
+    """STREAM.MSG.GET's body (strict)."""
+
+
+def _is_empty_request(payload: bytes) -> bool:
+    """nats-server's ``isEmptyRequest``: no body, or a JSON object without fields."""
+    body = payload.strip()
+    if not body or body == b"{}":
+        return True
+    try:
+        doc = _decode_json(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        raise errors.invalid_json() from None
+        return False
+    return not doc
+
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+def _convert(body: bytes, kind: type[R]) -> R:
+    """Decode a JSON object into ``kind``; ``null`` fields keep their default, as in Go."""
+    doc = msgspec.json.decode(body)
+    if not isinstance(doc, dict):
+        raise msgspec.ValidationError("cannot unmarshal a non-object into a request")
+    return msgspec.convert({k: v for k, v in doc.items() if v is not None}, kind)
+
+
+def decode_request(payload: bytes, kind: type[R]) -> R:
+    """A JSON request body; like nats-server, a body that is not a JSON object is ignored."""
+    body = payload.strip()
+    if not body.startswith((b"{", b"[")):
+        return kind()
+    try:
+        return _convert(body, kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise errors.invalid_json(str(exc)) from None
 
 
 class JetStreamApi:
@@ -57,6 +174,10 @@ class JetStreamApi:
         self.router = router
         self.broker = broker
         self.routes: dict[tuple[str, ...], tuple[str, Handler]] = {}
+        # Fields nats-server's error replies carry besides ``error`` (its Go structs
+        # embed paging and counters without omitempty), by response type.
+        self.error_fields: dict[str, dict[str, Any]] = {}
+        self._pub_ack_prefix: dict[str, bytes] = {}
         self._captures: dict[str, list[InternalSubscription]] = {}
         self._api_sub: InternalSubscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -83,9 +204,21 @@ class JetStreamApi:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def route(self, tokens: tuple[str, ...], response_type: str, handler: Handler) -> None:
-        """Register ``handler`` for ``$JS.API.<tokens…>.<args…>``."""
+    def route(
+        self,
+        tokens: tuple[str, ...],
+        response_type: str,
+        handler: Handler,
+        error_fields: dict[str, Any] | None = None,
+    ) -> None:
+        """Register ``handler`` for ``$JS.API.<tokens…>.<args…>``.
+
+        A handler returns the reply body, raises :class:`errors.ApiError` for an error
+        reply (plus ``error_fields``) or :class:`NoReply` to send nothing.
+        """
         self.routes[tokens] = (response_type, handler)
+        if error_fields:
+            self.error_fields[response_type] = error_fields
 
     # -- broker listener ------------------------------------------------------------------------
     def on_stream_changed(self, stream: Stream) -> None:
@@ -112,6 +245,7 @@ class JetStreamApi:
     def on_stream_deleted(self, stream: Stream) -> None:
         for sub in self._captures.pop(stream.name, []):
             self.router.unsubscribe_internal(sub)
+        self._pub_ack_prefix.pop(stream.name, None)
 
     def on_messages_committed(self, stream: Stream, seqs: list[int]) -> None:
         pass
@@ -126,23 +260,23 @@ class JetStreamApi:
         stream = self.broker.streams.get(name)
         if stream is None:
             return
-        if not reply:
+        if not reply or stream.config.no_ack:
             self.broker.publish(stream, subject, headers, payload, None)
             return
-        router = self.router
+        prefix = self._pub_ack_prefix.get(name)
+        if prefix is None:
+            prefix = self._pub_ack_prefix[name] = b'{"stream":%s,"seq":' % _encode_json(name)
+        publish = self.router.publish
 
         def acked(result: PubAck | errors.ApiError) -> None:
             if isinstance(result, PubAck):
                 if result.duplicate:
-                    body = b'{"stream":%s,"seq":%d,"duplicate":true}' % (
-                        _encode_json(result.stream),
-                        result.seq,
-                    )
+                    body = b'%s%d,"duplicate":true}' % (prefix, result.seq)
                 else:
-                    body = b'{"stream":%s,"seq":%d}' % (_encode_json(result.stream), result.seq)
+                    body = b"%s%d}" % (prefix, result.seq)
             else:
                 body = _encode_json({"error": result.to_dict(), "stream": name, "seq": 0})
-            router.publish(None, reply, "", None, body)
+            publish(None, reply, "", None, body)
 
         self.broker.publish(stream, subject, headers, payload, acked)
 
@@ -154,6 +288,8 @@ class JetStreamApi:
             if entry is not None:
                 break
         else:
+            if tokens[:2] == ["DIRECT", "GET"] and len(tokens) > 2:
+                self._direct_get_unserved(tokens[2], subject, reply)
             return  # unknown API subjects get no reply, as on nats-server
         response_type, handler = entry
         self.api_total += 1
@@ -176,13 +312,15 @@ class JetStreamApi:
         rtype = f"io.nats.jetstream.api.v1.{response_type}"
         try:
             body = await handler(args, reply, headers, payload)
+        except NoReply:
+            return
         except errors.ApiError as exc:
             self.api_errors += 1
-            body = {"error": exc.to_dict()}
+            body = {"error": exc.to_dict(), **self.error_fields.get(response_type, {})}
         except Exception:
             log.exception("JetStream API handler failed")
             self.api_errors += 1
-            body = {"error": errors.ApiError(500, 10011, "internal server error").to_dict()}
+            body = {"error": errors.ApiError(500, 10051, "internal server error").to_dict()}
         if body is None or not reply:
             return
         self.reply(reply, {"type": rtype, **body})
@@ -192,35 +330,76 @@ class JetStreamApi:
 
     # -- stream handlers -----------------------------------------------------------------------------
     def _register_stream_routes(self) -> None:
+        paged = {"total": 0, "offset": 0, "limit": 0}
         self.route(("INFO",), "account_info_response", self._account_info)
         self.route(("STREAM", "CREATE"), "stream_create_response", self._stream_create)
         self.route(("STREAM", "UPDATE"), "stream_update_response", self._stream_update)
-        self.route(("STREAM", "INFO"), "stream_info_response", self._stream_info)
+        self.route(("STREAM", "INFO"), "stream_info_response", self._stream_info, paged)
         self.route(("STREAM", "DELETE"), "stream_delete_response", self._stream_delete)
-        self.route(("STREAM", "PURGE"), "stream_purge_response", self._stream_purge)
-        self.route(("STREAM", "LIST"), "stream_list_response", self._stream_list)
-        self.route(("STREAM", "NAMES"), "stream_names_response", self._stream_names)
+        self.route(("STREAM", "PURGE"), "stream_purge_response", self._stream_purge, {"purged": 0})
+        self.route(
+            ("STREAM", "LIST"),
+            "stream_list_response",
+            self._stream_list,
+            {**paged, "streams": []},
+        )
+        self.route(
+            ("STREAM", "NAMES"),
+            "stream_names_response",
+            self._stream_names,
+            {**paged, "streams": None},
+        )
         self.route(("STREAM", "MSG", "GET"), "stream_msg_get_response", self._msg_get)
         self.route(("STREAM", "MSG", "DELETE"), "stream_msg_delete_response", self._msg_delete)
 
     @staticmethod
     def _one_name(args: list[str]) -> str:
+        """The one name token after the API tokens; anything else gets no reply."""
         if len(args) != 1 or not args[0]:
-            raise errors.bad_request()
+            raise NoReply
         return args[0]
 
-    def stream_info(self, stream: Stream, subjects_filter: str = "") -> dict[str, Any]:
+    def stream_info(
+        self,
+        stream: Stream,
+        subjects_filter: str = "",
+        offset: int = 0,
+        deleted_details: bool = False,
+    ) -> dict[str, Any]:
+        """A ``stream_info`` body (without ``type``), paged as nats-server pages subjects."""
         state = stream.info_state()
-        state["first_ts"] = rfc3339(state["first_ts"]) if state["first_ts"] else rfc3339(0)
-        state["last_ts"] = rfc3339(state["last_ts"]) if state["last_ts"] else rfc3339(0)
+        state["first_ts"] = rfc3339(state["first_ts"])
+        state["last_ts"] = rfc3339(state["last_ts"])
+        total = offset_out = limit = 0
         if subjects_filter:
-            state["subjects"] = stream.subjects_state(subjects_filter) or None
+            subjects = stream.subjects_state(subjects_filter)
+            if subjects:
+                total, offset_out, limit = len(subjects), offset, MAX_SUBJECT_DETAILS
+                if offset or len(subjects) > MAX_SUBJECT_DETAILS:
+                    names = sorted(subjects)[offset : offset + MAX_SUBJECT_DETAILS]
+                    subjects = {name: subjects[name] for name in names}
+                if subjects:
+                    state["subjects"] = subjects
+        if deleted_details:
+            deleted = stream.deleted()
+            if deleted:
+                state["deleted"] = deleted
         return {
+            "total": total,
+            "offset": offset_out,
+            "limit": limit,
             "config": stream.config.to_dict(),
             "created": rfc3339(stream.created_ns),
             "state": state,
             "ts": rfc3339(self.broker.clock.now()),
         }
+
+    def _stream_body(self, stream: Stream) -> dict[str, Any]:
+        """A stream info as create, update and list return it (no paging fields)."""
+        info = self.stream_info(stream)
+        for key in ("total", "offset", "limit"):
+            del info[key]
+        return info
 
     async def _account_info(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         usage = self.broker.account_usage()
@@ -228,7 +407,6 @@ class JetStreamApi:
             **usage,
             "reserved_memory": 0,
             "reserved_storage": 0,
-            "domain": "",
             "api": {"level": 1, "total": self.api_total, "errors": self.api_errors},
             "limits": {
                 "max_memory": -1,
@@ -243,21 +421,21 @@ class JetStreamApi:
         }
 
     async def _stream_create(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        name = self._one_name(args)
-        stream, created = await self.broker.create_stream(name, p)
-        info = self.stream_info(stream)
-        if created:
-            info["did_create"] = True
-        return info
+        stream, _created = await self.broker.create_stream(self._one_name(args), p)
+        # nats-server answers an identical re-create exactly like the create.
+        return {**self._stream_body(stream), "did_create": True}
 
     async def _stream_update(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         stream = await self.broker.update_stream(self._one_name(args), p)
-        return self.stream_info(stream)
+        return self._stream_body(stream)
 
     async def _stream_info(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        stream = self.broker.get_stream(self._one_name(args))
-        req = parse_body(p)
-        return self.stream_info(stream, str(req.get("subjects_filter") or ""))
+        name = self._one_name(args)
+        req = decode_request(p, _StreamInfoRequest)
+        stream = self.broker.get_stream(name)
+        return self.stream_info(
+            stream, req.subjects_filter, max(0, req.offset), req.deleted_details
+        )
 
     async def _stream_delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         await self.broker.delete_stream(self._one_name(args))
@@ -265,53 +443,77 @@ class JetStreamApi:
 
     async def _stream_purge(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        req = parse_body(p)
-        filter_ = str(req.get("filter") or "")
-        if filter_ and not is_valid_filter(filter_):
-            raise errors.bad_request("invalid purge subject")
-        purged = await self.broker.purge_stream(
-            name, filter_, int(req.get("seq") or 0), int(req.get("keep") or 0)
-        )
+        req = decode_request(p, _PurgeRequest)
+        purged = await self.broker.purge_stream(name, req.filter, req.seq, req.keep)
         return {"success": True, "purged": purged}
 
     def _matching_streams(self, subject: str) -> list[Stream]:
         streams = sorted(self.broker.streams.values(), key=lambda s: s.name)
         if not subject:
             return streams
-        return [
-            s
-            for s in streams
-            if any(
-                filters_overlap(subject, f) or subject_matches(subject, f)
-                for f in s.config.subjects
-            )
-        ]
+        return [s for s in streams if any(filters_overlap(subject, f) for f in s.config.subjects)]
 
     async def _stream_names(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        req = parse_body(p)
-        offset = max(0, int(req.get("offset") or 0))
-        streams = self._matching_streams(str(req.get("subject") or ""))
-        page = [s.name for s in streams[offset : offset + 1024]]
-        return {"total": len(streams), "offset": offset, "limit": 1024, "streams": page or None}
+        req = decode_request(p, _PagedRequest)
+        streams = self._matching_streams(req.subject)
+        offset = min(max(0, req.offset), len(streams))
+        page = [s.name for s in streams[offset : offset + NAMES_LIMIT]]
+        return {
+            "total": len(streams),
+            "offset": offset,
+            "limit": NAMES_LIMIT,
+            "streams": page or None,
+        }
 
     async def _stream_list(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        req = parse_body(p)
-        offset = max(0, int(req.get("offset") or 0))
-        streams = self._matching_streams(str(req.get("subject") or ""))
-        page = [self.stream_info(s) for s in streams[offset : offset + 256]]
-        return {"total": len(streams), "offset": offset, "limit": 256, "streams": page}
+        req = decode_request(p, _PagedRequest)
+        streams = self._matching_streams(req.subject)
+        offset = min(max(0, req.offset), len(streams))
+        page = [self._stream_body(s) for s in streams[offset : offset + LIST_LIMIT]]
+        return {"total": len(streams), "offset": offset, "limit": LIST_LIMIT, "streams": page}
+
+    @staticmethod
+    def _get_request(payload: bytes) -> _MsgGetRequest:
+        """MSG.GET's body: required, strict, one way of choosing the message."""
+        if _is_empty_request(payload):
+            raise errors.bad_request()
+        req = decode_request(payload, _MsgGetRequest)
+        if req.batch > 0 or req.max_bytes > 0 or req.multi_last:
+            raise errors.bad_request()  # batches are DIRECT.GET's
+        if (
+            (req.seq and req.last_by_subj)
+            or (
+                not req.seq and not req.last_by_subj and not req.next_by_subj and not req.start_time
+            )
+            or (req.seq and req.start_time)
+            or (req.start_time and req.last_by_subj)
+            or (req.last_by_subj and req.next_by_subj)
+        ):
+            raise errors.bad_request()
+        return req
+
+    def _start_seq(self, stream: Stream, req: _DirectGetRequest) -> int:
+        if req.start_time is None:
+            return req.seq
+        try:
+            when = parse_rfc3339(req.start_time)
+        except ValueError:
+            raise errors.invalid_json("parsing time: invalid start_time") from None
+        # No message at or after that time: a sequence past the end finds nothing.
+        return stream.seq_from_time(when) or stream.last_seq + 1
 
     async def _msg_get(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        req = parse_body(p)
+        req = self._get_request(p)
+        stream = self.broker.get_stream(name)
         msg = await self.broker.get_message(
             name,
-            seq=int(req.get("seq") or 0),
-            last_by_subj=str(req.get("last_by_subj") or ""),
-            next_by_subj=str(req.get("next_by_subj") or ""),
+            seq=self._start_seq(stream, req),
+            last_by_subj=req.last_by_subj,
+            next_by_subj=req.next_by_subj,
         )
         out: dict[str, Any] = {"subject": msg.subject, "seq": msg.seq}
-        if msg.headers:
+        if msg.headers and not req.no_hdr:
             out["hdrs"] = base64.b64encode(msg.headers).decode()
         if msg.data:
             out["data"] = base64.b64encode(msg.data).decode()
@@ -320,68 +522,132 @@ class JetStreamApi:
 
     async def _msg_delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        req = parse_body(p)
-        seq = int(req.get("seq") or 0)
-        if seq <= 0:
-            raise errors.bad_request("sequence required")
-        await self.broker.delete_message(name, seq)
+        if _is_empty_request(p):
+            raise errors.bad_request()
+        req = decode_request(p, _MsgDeleteRequest)
+        await self.broker.delete_message(name, req.seq)
         return {"success": True}
 
     # -- DIRECT.GET -----------------------------------------------------------------------------------
+    def _direct_get_unserved(self, name: str, subject: str, reply: str) -> None:
+        """DIRECT.GET to a stream that does not serve it: 503 no responders, as nats-server
+        (whose API catch-all does not cover DIRECT.GET) sends it."""
+        stream = self.broker.streams.get(name)
+        if not reply or (stream is not None and stream.config.allow_direct):
+            return
+        block = b"NATS/1.0 503\r\nNats-Subject: " + encode(subject) + b"\r\n\r\n"
+        match = self.router.index.match(reply)
+        for sub in (*match.plain, *(s for group in match.groups for s in group)):
+            client = sub.client
+            if client is not None and client.no_responders:
+                sub.deliver(reply, "", block, b"", encode(reply), b"")
+                return
+
     async def _direct_get(self, name: str, subject: str, reply: str, payload: bytes) -> None:
         if not reply:
             return
         tail = subject[len(f"{API_PREFIX}DIRECT.GET.{name}") :]
         try:
             if tail.startswith("."):
-                # DIRECT.GET.<stream>.<subject>: last message on that subject.
-                msg = await self.broker.get_message(name, last_by_subj=tail[1:])
-                self._send_direct(reply, name, msg)
+                await self._direct_last_by_subject(name, tail[1:], reply, payload)
                 return
-            req = parse_body(payload)
-            batch = int(req.get("batch") or 0)
-            if batch > 0:
-                await self._direct_batch(name, reply, req, batch)
+            if not payload:
+                self._status(reply, b"NATS/1.0 408 Empty Request\r\n\r\n")
+                return
+            try:
+                req = _convert(payload, _DirectGetRequest)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self._status(reply, b"NATS/1.0 408 Malformed Request\r\n\r\n")
+                return
+            if not (req.seq or req.last_by_subj or req.next_by_subj or req.start_time):
+                self._status(reply, b"NATS/1.0 408 Empty Request\r\n\r\n")
+                return
+            if (
+                (req.seq and req.last_by_subj)
+                or (req.seq and req.start_time)
+                or (req.start_time and req.last_by_subj)
+                or (req.last_by_subj and req.next_by_subj)
+                or (req.last_by_subj and req.batch > 0)
+                or req.multi_last
+            ):
+                self._status(reply, b"NATS/1.0 408 Bad Request\r\n\r\n")
+                return
+            stream = self.broker.get_stream(name)
+            start = self._start_seq(stream, req)
+            if req.batch > 0:
+                await self._direct_batch(stream, reply, req, start)
                 return
             msg = await self.broker.get_message(
-                name,
-                seq=int(req.get("seq") or 0),
-                last_by_subj=str(req.get("last_by_subj") or ""),
-                next_by_subj=str(req.get("next_by_subj") or ""),
+                name, seq=start, last_by_subj=req.last_by_subj, next_by_subj=req.next_by_subj
             )
-            self._send_direct(reply, name, msg)
-        except errors.ApiError as exc:
-            if exc.code == 404:
-                self._status(reply, b"NATS/1.0 404 Message Not Found\r\n\r\n")
-            else:
-                desc = exc.description.encode()
-                self._status(reply, b"NATS/1.0 %d %s\r\n\r\n" % (exc.code, desc))
-        except (ValueError, TypeError):
-            self._status(reply, b"NATS/1.0 408 Bad Request\r\n\r\n")
+            self._send_direct(reply, name, msg, no_headers=req.no_hdr)
+        except errors.ApiError:
+            self._status(reply, b"NATS/1.0 404 Message Not Found\r\n\r\n")
 
-    async def _direct_batch(self, name: str, reply: str, req: dict[str, Any], batch: int) -> None:
-        stream = self.broker.get_stream(name)
-        start = int(req.get("seq") or 0) or stream.first_seq
-        filter_ = str(req.get("next_by_subj") or "")
-        msgs = await self.broker.get_batch(
-            name, start, batch, int(req.get("max_bytes") or 0), filter_
-        )
+    async def _direct_last_by_subject(
+        self, name: str, subject: str, reply: str, payload: bytes
+    ) -> None:
+        """DIRECT.GET.<stream>.<subject>: the last message on ``subject``."""
+        req = _DirectGetRequest()
+        if payload:
+            try:
+                req = _convert(payload, _DirectGetRequest)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self._status(reply, b"NATS/1.0 408 Malformed Request\r\n\r\n")
+                return
+        if (
+            req.last_by_subj
+            or req.next_by_subj
+            or req.multi_last
+            or req.seq
+            or req.batch
+            or req.start_time
+            or req.up_to_seq
+            or req.up_to_time
+        ):
+            self._status(reply, b"NATS/1.0 408 Bad Request\r\n\r\n")
+            return
+        msg = await self.broker.get_message(name, last_by_subj=subject)
+        self._send_direct(reply, name, msg, no_headers=req.no_hdr)
+
+    async def _direct_batch(
+        self, stream: Stream, reply: str, req: _DirectGetRequest, start: int
+    ) -> None:
+        """Batched DIRECT.GET: each message carries the pending count and the sequence of
+        the one before it; an end-of-batch status closes the batch."""
+        filters = (req.next_by_subj,) if req.next_by_subj else ()
+        max_bytes = req.max_bytes if req.max_bytes > 0 else DIRECT_MAX_BYTES
+        pending = stream.count_matching(start, filters)
+        seqs = self.broker.select_batch(stream, start, req.batch, max_bytes, req.next_by_subj)
+        msgs = await self.broker.read_many(stream, seqs)
         if not msgs:
             self._status(reply, b"NATS/1.0 404 Message Not Found\r\n\r\n")
             return
-        filters = (filter_,) if filter_ else ()
-        last = msgs[-1].seq
-        remaining = stream.count_matching(last + 1, filters)
-        for i, msg in enumerate(msgs):
-            pending = remaining + len(msgs) - 1 - i
-            self._send_direct(reply, name, msg, pending)
+        last = 0
+        for msg in msgs:
+            pending = max(0, pending - 1)
+            self._send_direct(reply, stream.name, msg, pending, last, req.no_hdr)
+            last = msg.seq
+        if stream.last_seq > msgs[-1].seq:
+            pending = stream.count_matching(last + 1, filters)
         self._status(
             reply,
             b"NATS/1.0 204 EOB\r\nNats-Num-Pending: %d\r\nNats-Last-Sequence: %d\r\n\r\n"
-            % (remaining, last),
+            % (pending, last),
         )
 
-    def _send_direct(self, reply: str, name: str, msg: StoredMessage, pending: int = -1) -> None:
+    def _send_direct(
+        self,
+        reply: str,
+        name: str,
+        msg: StoredMessage,
+        pending: int = -1,
+        last: int = 0,
+        no_headers: bool = False,
+    ) -> None:
+        if no_headers:
+            self.router.publish(None, reply, "", None, msg.data)
+            return
         base = msg.headers[:-2] if msg.headers else b"NATS/1.0\r\n"
         extra = (
             b"Nats-Stream: %s\r\nNats-Subject: %s\r\nNats-Sequence: %d\r\nNats-Time-Stamp: %s\r\n"
@@ -393,7 +659,7 @@ class JetStreamApi:
             )
         )
         if pending >= 0:
-            extra += b"Nats-Num-Pending: %d\r\n" % pending
+            extra += b"Nats-Num-Pending: %d\r\nNats-Last-Sequence: %d\r\n" % (pending, last)
         self.router.publish(None, reply, "", base + extra + b"\r\n", msg.data)
 
     def _status(self, reply: str, block: bytes) -> None:

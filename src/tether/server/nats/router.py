@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tether.engine.subjects import SubjectIndex
 from tether.protocol.nats.commands import encode
+from tether.server.nats.connection import ClientSubscription
 
 if TYPE_CHECKING:
     from tether.server.nats.connection import ClientConnection
@@ -118,19 +119,15 @@ class Router:
             self._no_responders(origin, subject, reply)
         return sent
 
+    def no_interest(self, origin: ClientConnection, subject: str, reply: str) -> None:
+        """A publish that matches nobody by construction (a malformed subject)."""
+        if reply and origin.no_responders:
+            self._no_responders(origin, subject, reply)
+
     def _no_responders(self, origin: ClientConnection, subject: str, reply: str) -> None:
-        if not origin.headers:
-            return
-        # Sent only to the requester's own subscription on the reply subject.
-        m = self.index.match(reply)
-        block = _no_responders_block(subject)
-        rb = encode(reply)
-        for sub in m.plain:
-            if sub.client is origin:
-                sub.deliver(reply, "", block, b"", rb, b"")
+        # Sent only to the requester's own plain subscription on the reply subject, as
+        # nats-server does; it does not count towards that subscription's UNSUB maximum.
+        for sub in self.index.match(reply).plain:
+            if sub.client is origin and isinstance(sub, ClientSubscription):
+                origin.send_msg(sub.sid_b, encode(reply), b"", _no_responders_block(subject), b"")
                 return
-        for members in m.groups:
-            for sub in members:
-                if sub.client is origin:
-                    sub.deliver(reply, "", block, b"", rb, b"")
-                    return

@@ -60,13 +60,11 @@ class NatsServer:
         if self._listener is not None:
             self._listener.close()
         for conn in list(self.connections.values()):
-            conn.closing = False
-            if conn.transport is not None:
-                conn._flush()  # noqa: SLF001 - final flush before close
-                conn.transport.close()
+            conn.flush_now()
+            conn.close()
         deadline = time.monotonic() + 2.0
-        while self.connections and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        while self.connections and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # bounded wait for the peers to take their last bytes
         for conn in list(self.connections.values()):
             if conn.transport is not None:
                 conn.transport.abort()
@@ -93,7 +91,8 @@ class NatsServer:
             self.router.out_msgs += conn.out_msgs
             self.router.out_bytes += conn.out_bytes
 
-    def info_for(self, conn: ClientConnection) -> dict[str, Any]:
+    def info_for(self, conn: ClientConnection, *, connect_info: bool = False) -> dict[str, Any]:
+        """The INFO a client gets, with nats-server's keys in nats-server's order."""
         info: dict[str, Any] = {
             "server_id": self.server_id,
             "server_name": self.server_name,
@@ -103,13 +102,18 @@ class NatsServer:
             "host": self.config.host,
             "port": self.port,
             "headers": True,
-            "max_payload": self.config.max_payload,
-            "jetstream": self.jetstream,
-            "client_id": conn.cid,
-            "client_ip": conn.remote[0],
         }
         if self.config.auth_required:
             info["auth_required"] = True
+        info["max_payload"] = self.config.max_payload
+        if self.jetstream:
+            info["jetstream"] = True
+        info["client_id"] = conn.cid
+        info["client_ip"] = conn.remote[0]
+        if connect_info:
+            # Sent after the first PONG: the connection is established, in the global account.
+            info["connect_info"] = True
+            info["remote_account"] = "$G"
         return info
 
     # -- interest --------------------------------------------------------------------------

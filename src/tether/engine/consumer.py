@@ -1,0 +1,579 @@
+"""A consumer: a durable cursor over a stream plus the delivery state of each message.
+
+Pull consumers hand messages to waiting :class:`PullRequest` s (round robin, as
+nats-server does); push consumers send them to their deliver subject while it has
+interest, within the flow-control window. Every delivered message is outstanding
+until acked; on ``ack_wait`` (or ``backoff``) it is queued for redelivery, and after
+``max_deliver`` deliveries it becomes dead (kept, requeueable). Redeliveries go before
+new messages (in stream order, or priority order with ``priority_order``); the
+``max_ack_pending`` limit stalls new messages only.
+
+The consumer talks to the outside through two small interfaces: a
+:class:`DeliverySink` (a front door: sends messages and status blocks, checks
+interest) and a :class:`ConsumerHost` (the registry: persistence, retention,
+deletion). Time comes from the :class:`Clock`, so every rule is testable with a
+fake clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from tether.engine import pull_queue as pq
+from tether.engine.clock import Clock, Timer
+from tether.engine.consumer_config import ConsumerConfig, format_rfc3339, parse_rfc3339
+from tether.engine.consumer_io import ConsumerHost, DeliverySink
+from tether.engine.consumer_pull import PullDelivery
+from tether.engine.consumer_push import FC_START, PushDelivery
+from tether.engine.cursor import Matcher, PriorityCursor, SequenceCursor, StreamHead, make_cursor
+from tether.engine.delivery_state import (
+    MAX_DELIVERIES,
+    TERMINATED,
+    DeadLetter,
+    DeliveryState,
+    SavedState,
+)
+from tether.engine.pull_queue import PullRequest
+from tether.engine.stream import Stream
+from tether.storage.base import MessageMeta
+
+NS = 1_000_000_000
+_PRIORITY_KEY = 1 << 64  # redelivery sort key = -priority * 2**64 + seq
+
+
+class Consumer(PullDelivery, PushDelivery):
+    """One consumer of one stream."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        head: StreamHead,
+        name: str,
+        config: ConsumerConfig,
+        created_ns: int,
+        clock: Clock,
+        sink: DeliverySink,
+        host: ConsumerHost,
+        saved: SavedState | None = None,
+    ) -> None:
+        self.stream = stream
+        self.head = head
+        self.name = name
+        self.created_ns = created_ns
+        self.clock = clock
+        self.sink = sink
+        self.host = host
+        self._me = self
+        self.state = DeliveryState()
+        self.waiting: deque[PullRequest] = deque()
+        self.notify_acks = False  # set by the registry for interest/workqueue streams
+        self.deleted = False
+        self.dseq = 0
+        self.last_delivered_ns = 0
+        self.last_ack_ns = 0
+        self.push_active = False
+        self._changed = False
+        self._pumping = False
+        self._again = False
+        self._stalled = False
+        self._ack_timer: Timer | None = None
+        self._ack_timer_at = 0
+        self._idle_timer: Timer | None = None
+        self._hb_timer: Timer | None = None
+        self._pause_timer: Timer | None = None
+        self._push_timer: Timer | None = None
+        self._last_activity = clock.now()
+        self._interest_lost_at = self._last_activity
+        self._last_hb = self._last_activity
+        # Flow control (push): bytes sent since the last answered request.
+        self._pbytes = 0
+        self._maxpb = FC_START
+        self._fcid = ""
+        self._fcsz = 0
+        self.config = config
+        self._apply_config(config)
+        self.cursor: SequenceCursor | PriorityCursor = make_cursor(stream, head, config, saved)
+        if saved is not None:
+            self.dseq = saved.dseq
+            self.last_delivered_ns = saved.last_delivered_ns
+            self.last_ack_ns = saved.last_ack_ns
+            self.state.load_from(saved)
+            self._drop_vanished()
+            deadline = self.state.next_deadline(self.ack_wait)
+            if deadline:
+                self._arm_ack_timer(deadline)
+        self._arm_idle_timer()
+        if not config.is_pull and config.idle_heartbeat:
+            self._hb_timer = clock.call_later(config.idle_heartbeat / NS, self._on_heartbeat)
+        self._apply_pause()
+
+    # -- configuration ---------------------------------------------------------------------------
+    def _apply_config(self, config: ConsumerConfig) -> None:
+        self.config = config
+        self.is_pull = config.is_pull
+        self.ack_none = config.ack_policy == "none"
+        self.ack_all = config.ack_policy == "all"
+        self.ack_wait = config.ack_wait if not self.ack_none else 0
+        self.backoff = list(config.backoff)
+        self.max_deliver = config.max_deliver if config.max_deliver > 0 else 0
+        self.max_ack_pending = config.max_ack_pending if not self.ack_none else 0
+        self.max_waiting = config.max_waiting
+        self.priority_order = config.priority_order
+        self._key_mod = _PRIORITY_KEY if config.priority_order else 0
+        self._ack_prefix = f"$JS.ACK.{self.stream.name}.{self.name}."
+        self.paused_until = parse_rfc3339(config.pause_until) if config.pause_until else 0
+
+    def update_config(self, config: ConsumerConfig) -> None:
+        """Apply an allowed update (the registry checked it)."""
+        old_filters = self.config.filters
+        self._apply_config(config)
+        if config.filters != old_filters:
+            self.cursor.set_match(Matcher(config.filters, self.stream.config.subjects))
+        self._apply_pause()
+        self._changed_state()
+        self.pump()
+
+    def _drop_vanished(self) -> None:
+        """After loading: forget deliveries of messages that no longer exist."""
+        meta = self.stream.meta
+        for seq in [s for s in self.state.pending if meta(s) is None]:
+            self.state.forget(seq)
+        for seq in [s for s in self.state.dead if meta(s) is None]:
+            self.state.forget(seq)
+        for seq in list(self.state.pending):
+            # Nothing is in flight after a restart: what was due goes back in the queue.
+            entry = self.state.pending[seq]
+            if entry[1] + self._wait_for(self.state.deliveries(seq)) <= self.clock.now():
+                self._timeout(seq)
+
+    # -- views -----------------------------------------------------------------------------------------
+    @property
+    def num_pending(self) -> int:
+        return self.cursor.num_pending
+
+    @property
+    def num_ack_pending(self) -> int:
+        return len(self.state.pending)
+
+    @property
+    def num_redelivered(self) -> int:
+        return 0 if self.config.max_deliver == 1 else self.state.num_redelivered()
+
+    def count_waiting(self) -> int:
+        """``num_waiting``: live requests (expired or abandoned ones are dropped first)."""
+        self.prune_waiting()
+        return len(self.waiting)
+
+    @property
+    def delivered(self) -> tuple[int, int]:
+        """(consumer_seq, stream_seq) of the last delivery, as ``delivered`` reports it."""
+        return self.dseq, self.cursor.delivered_seq
+
+    @property
+    def ack_floor(self) -> tuple[int, int]:
+        if self.ack_none:
+            return self.delivered
+        floor = self.state.floor_seq()
+        if floor is None:
+            return self.delivered
+        return floor[0] - 1, floor[1] - 1
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_until > self.clock.now()
+
+    def dead_messages(self) -> list[DeadLetter]:
+        """Messages that reached ``max_deliver`` or were terminated, oldest first."""
+        self.reap()
+        return sorted(self.state.dead.values(), key=lambda d: d.seq)
+
+    def pending_messages(self) -> list[tuple[int, int, int]]:
+        """(stream seq, consumer seq, delivered_at) of every unacked delivery."""
+        return list(self.state.iter_pending())
+
+    # -- persistence ----------------------------------------------------------------------------------
+    def save(self) -> SavedState:
+        cursor = self.cursor
+        start = max_taken = lps_end = 0
+        lps: list[int] = []
+        prio: list[int] = []
+        if isinstance(cursor, PriorityCursor):
+            position, prio = cursor.max_taken + 1, cursor.save()
+            start, max_taken = cursor.start, cursor.max_taken
+        else:
+            position, lps, lps_end = cursor.save()
+        state = SavedState(
+            start=start,
+            max_taken=max_taken,
+            cursor=position,
+            dseq=self.dseq,
+            pending=[],
+            redelivered=[],
+            dead=[],
+            priority_cursors=prio,
+            last_delivered_ns=self.last_delivered_ns,
+            last_ack_ns=self.last_ack_ns,
+            lps=lps,
+            lps_end=lps_end,
+        )
+        self.state.dump_into(state)
+        self._changed = False
+        return state
+
+    def _changed_state(self) -> None:
+        if not self._changed:
+            self._changed = True
+            self.host.consumer_changed(self)
+
+    # -- stream events --------------------------------------------------------------------------------
+    def on_committed(self, metas: list[MessageMeta]) -> None:
+        """New messages are durable in the stream."""
+        self.cursor.on_committed(metas)
+        if self.waiting or self.push_active:
+            self.pump()
+
+    def on_removed(self, seqs: list[int], delivered_known: bool) -> None:
+        """Messages left the stream; ``delivered_known`` when they were acked (retention)."""
+        state = self.state
+        if state.pending or state.dead:
+            touched = False
+            for seq in seqs:
+                if seq in state.pending or seq in state.dead:
+                    state.forget(seq)
+                    touched = True
+            if touched:
+                self._changed_state()
+        if not delivered_known:
+            self.cursor.on_removed(seqs)
+
+    # -- delivery ----------------------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Deliver whatever can be delivered now."""
+        if self._pumping:
+            self._again = True
+            return
+        if self.deleted or (self.paused_until and self.paused):
+            return
+        self._pumping = True
+        try:
+            while True:
+                self._again = False
+                if self.is_pull:
+                    self._pump_pull()
+                else:
+                    self._pump_push()
+                if not self._again:
+                    break
+        finally:
+            self._pumping = False
+
+    def _candidate(self) -> tuple[MessageMeta, bool] | None:
+        """The next message to send and whether it is a redelivery."""
+        state = self.state
+        red: MessageMeta | None = None
+        if state.queued:
+            meta_of = self.stream.meta
+            max_deliver = self.max_deliver
+            while True:
+                seq = state.peek_queued(self._key_mod)
+                if not seq:
+                    break
+                red = meta_of(seq)
+                if red is not None:
+                    if not max_deliver or state.deliveries(seq) < max_deliver:
+                        break
+                    state.pop_queued(seq)
+                    self._exhausted(seq)
+                    red = None
+                    continue
+                state.pop_queued(seq)
+                state.forget(seq)
+            if red is not None and not self.priority_order:
+                return red, True
+        if self.max_ack_pending and len(state.pending) >= self.max_ack_pending:
+            self._stalled = True
+            return (red, True) if red is not None else None
+        self._stalled = False
+        new = self.cursor.peek()
+        if new is None:
+            return (red, True) if red is not None else None
+        if red is None or (new.priority, -new.seq) > (red.priority, -red.seq):
+            return new, False
+        return red, True
+
+    def _prepare(self, meta: MessageMeta, redelivery: bool) -> str:
+        """The ack subject the next delivery of ``meta`` will carry."""
+        if redelivery:
+            dc = self.state.deliveries(meta.seq) + 1
+            pending = self.cursor.num_pending
+        else:
+            dc = 1
+            pending = max(self.cursor.num_pending - 1, 0)
+        return f"{self._ack_prefix}{dc}.{meta.seq}.{self.dseq + 1}.{meta.ts}.{pending}"
+
+    def _commit(self, meta: MessageMeta, redelivery: bool, now: int) -> None:
+        seq = meta.seq
+        state = self.state
+        self.dseq += 1
+        self.last_delivered_ns = now
+        if redelivery:
+            state.pop_queued(seq)
+            dc = state.count_redelivery(seq)
+            state.track(seq, self.dseq, now)
+            wait = self._wait_for(dc)
+            if wait != self.ack_wait:
+                state.set_deadline(seq, now + wait)
+            self._arm_ack_timer(now + wait)
+        else:
+            self.cursor.take(meta)
+            if self.ack_none:
+                if self.notify_acks:
+                    self.host.consumer_acked(self, [seq])
+            else:
+                state.track(seq, self.dseq, now)
+                self._arm_ack_timer(now + self.ack_wait)
+        self._changed_state()
+
+    # -- acks -------------------------------------------------------------------------------------------------
+    def ack(self, seq: int) -> None:
+        """``+ACK`` (or ``+NXT``): the message is done."""
+        if self.ack_none:
+            return
+        state = self.state
+        stalled = self.max_ack_pending and len(state.pending) >= self.max_ack_pending
+        if self.ack_all:
+            floor = self.ack_floor[1]
+            if seq <= floor:
+                return
+            acked = state.ack_up_to(seq)
+        elif state.ack(seq):
+            acked = [seq]
+        elif state.dead.pop(seq, None) is not None:
+            state.rdc.pop(seq, None)
+            acked = [seq]  # a late ack for a dead message still means it was processed
+        else:
+            return
+        self.last_ack_ns = self._last_activity = self.clock.now()
+        self._changed_state()
+        if self.notify_acks and acked:
+            self.host.consumer_acked(self, acked)
+        if stalled:
+            self.pump()
+
+    def nak(self, seq: int, delay_ns: int = 0) -> None:
+        """``-NAK``: redeliver now, or after ``delay_ns``."""
+        state = self.state
+        entry = state.pending.get(seq)
+        if entry is None or seq in state.queued:
+            return
+        self._last_activity = now = self.clock.now()
+        self._advisory(
+            "MSG_NAKED",
+            "nak",
+            {"consumer_seq": entry[0], "stream_seq": seq, "deliveries": state.deliveries(seq)},
+        )
+        if delay_ns > 0:
+            state.set_deadline(seq, now + delay_ns)
+            self._arm_ack_timer(now + delay_ns)
+        else:
+            self._timeout(seq)
+        self._changed_state()
+        self.pump()
+
+    def progress(self, seq: int) -> None:
+        """``+WPI``: the client is still working on it; restart its ack timer."""
+        state = self.state
+        now = self.clock.now()
+        if state.touch(seq, now):
+            self._last_activity = now
+            wait = self._wait_for(state.deliveries(seq))
+            if wait != self.ack_wait:
+                state.set_deadline(seq, now + wait)
+            self._arm_ack_timer(now + wait)
+            self._changed_state()
+
+    def term(self, seq: int, reason: str = "") -> None:
+        """``+TERM``: never redeliver; the message is kept as dead."""
+        state = self.state
+        entry = state.pending.get(seq)
+        if entry is None:
+            return
+        now = self.clock.now()
+        deliveries = state.deliveries(seq)
+        state.kill(seq, TERMINATED, now, reason)
+        self.last_ack_ns = self._last_activity = now
+        self._changed_state()
+        self._advisory(
+            "MSG_TERMINATED",
+            "terminated",
+            {
+                "consumer_seq": entry[0],
+                "stream_seq": seq,
+                "deliveries": deliveries,
+                "reason": reason,
+            },
+        )
+        if self.notify_acks:
+            self.host.consumer_acked(self, [seq])  # terminated counts as acked for retention
+        self.pump()
+
+    def requeue_dead(self, seq: int) -> bool:
+        """Put a dead message back in the redelivery queue (its delivery count restarts)."""
+        meta = self.stream.meta(seq)
+        if meta is None or self.state.revive(seq, self.clock.now()) is None:
+            return False
+        self.state.queue(seq, self._key(meta))
+        self._changed_state()
+        self.pump()
+        return True
+
+    # -- ack timeouts ------------------------------------------------------------------------------------
+    def _heartbeat_block(self) -> bytes:
+        """``100 Idle Heartbeat`` with the last consumer and stream sequences."""
+        return pq.idle_heartbeat(self.dseq, self.cursor.delivered_seq, self._fcid)
+
+    def _wait_for(self, deliveries: int) -> int:
+        backoff = self.backoff
+        if backoff:
+            return backoff[min(max(deliveries, 1), len(backoff)) - 1]
+        return self.ack_wait
+
+    def _key(self, meta: MessageMeta) -> int:
+        return -meta.priority * _PRIORITY_KEY + meta.seq if self.priority_order else meta.seq
+
+    def _timeout(self, seq: int) -> None:
+        """A delivery timed out or was nak'd: queue it for redelivery.
+
+        One that already had ``max_deliver`` deliveries waits in the queue too and dies
+        when its turn comes (see :meth:`_exhausted`), which is when nats-server gives up
+        on it: until then it still counts as ack pending.
+        """
+        state = self.state
+        meta = self.stream.meta(seq)
+        if meta is None:
+            state.forget(seq)
+            return
+        state.queue(seq, self._key(meta))
+
+    def _exhausted(self, seq: int) -> None:
+        """``seq`` reached ``max_deliver``: it becomes a dead letter, with an advisory."""
+        deliveries = self.state.deliveries(seq)
+        self.state.kill(seq, MAX_DELIVERIES, self.clock.now())
+        self._changed_state()
+        self._advisory(
+            "MAX_DELIVERIES", "max_deliver", {"stream_seq": seq, "deliveries": deliveries}
+        )
+
+    def reap(self) -> None:
+        """Turn queued messages that reached ``max_deliver`` into dead letters now."""
+        if self.max_deliver:
+            state = self.state
+            for seq in [s for s in state.queued if state.deliveries(s) >= self.max_deliver]:
+                self._exhausted(seq)
+
+    def _arm_ack_timer(self, deadline: int) -> None:
+        if self._ack_timer is not None:
+            if self._ack_timer_at <= deadline:
+                return
+            self._ack_timer.cancel()
+        self._ack_timer_at = deadline
+        delay = max(deadline - self.clock.now(), 0) / NS
+        self._ack_timer = self.clock.call_later(delay, self._on_ack_timer)
+
+    def _on_ack_timer(self) -> None:
+        self._ack_timer = None
+        if self.deleted:
+            return
+        now = self.clock.now()
+        expired = self.state.expired(now, self.ack_wait)
+        for seq in expired:
+            self._timeout(seq)
+        nxt = self.state.next_deadline(self.ack_wait)
+        if nxt:
+            self._arm_ack_timer(max(nxt, now + 1_000_000))
+        if expired:
+            self._changed_state()
+            self.pump()
+
+    # -- inactivity, pause ---------------------------------------------------------------------------------
+    def _arm_idle_timer(self) -> None:
+        threshold = self.config.inactive_threshold
+        if not threshold or self._idle_timer is not None or self.deleted:
+            return
+        self._idle_timer = self.clock.call_later(threshold / NS, self._on_idle_timer)
+
+    def _on_idle_timer(self) -> None:
+        self._idle_timer = None
+        if self.deleted:
+            return
+        threshold = self.config.inactive_threshold
+        if not threshold:
+            return
+        now = self.clock.now()
+        if self.is_pull:
+            self.prune_waiting()
+            since = self._last_activity
+            if self.waiting:
+                since = now
+        else:
+            if self.push_active:
+                return  # re-armed when interest goes away
+            since = self._interest_lost_at
+        if now - since >= threshold:
+            self.host.consumer_inactive(self)
+            return
+        self._idle_timer = self.clock.call_later(
+            (since + threshold - now) / NS, self._on_idle_timer
+        )
+
+    def pause(self, until_ns: int) -> None:
+        """``CONSUMER.PAUSE``: no deliveries until ``until_ns`` (0 resumes)."""
+        self.config.pause_until = format_rfc3339(until_ns) if until_ns else None
+        self.paused_until = until_ns
+        self._apply_pause()
+        self._changed_state()
+        self.pump()
+
+    def _apply_pause(self) -> None:
+        if self._pause_timer is not None:
+            self._pause_timer.cancel()
+            self._pause_timer = None
+        if self.paused:
+            delay = (self.paused_until - self.clock.now()) / NS
+            self._pause_timer = self.clock.call_later(delay, self._on_unpause)
+
+    def _on_unpause(self) -> None:
+        self._pause_timer = None
+        self.pump()
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def close(self, notify: bool = True) -> None:
+        """The consumer is deleted: waiting requests hear ``409 Consumer Deleted``."""
+        self.deleted = True
+        for req in list(self.waiting):
+            self._finish(req, pq.CONSUMER_DELETED if notify else None)
+        for timer in (self._ack_timer, self._idle_timer, self._hb_timer, self._pause_timer):
+            if timer is not None:
+                timer.cancel()
+        if self._push_timer is not None:
+            self._push_timer.cancel()
+        self._ack_timer = self._idle_timer = self._hb_timer = None
+        self._pause_timer = self._push_timer = None
+
+    def _advisory(self, kind: str, type_: str, fields: dict[str, Any]) -> None:
+        subject = f"$JS.EVENT.ADVISORY.CONSUMER.{kind}.{self.stream.name}.{self.name}"
+        if not self.sink.has_interest(subject):
+            return
+        self.sink.advisory(
+            subject,
+            {
+                "type": f"io.nats.jetstream.advisory.v1.{type_}",
+                "stream": self.stream.name,
+                "consumer": self.name,
+                **fields,
+            },
+        )
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.stream.name!r}, {self.name!r})"

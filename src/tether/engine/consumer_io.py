@@ -1,0 +1,47 @@
+"""What a consumer needs from the outside: a sink for its output, a host for its fate.
+
+A front door implements :class:`DeliverySink` (send messages and status blocks, check
+interest); the registry implements :class:`ConsumerHost` (persistence, retention,
+deletion). Keeping them this small keeps the engine free of I/O and easy to fake.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tether.storage.base import MessageMeta
+
+if TYPE_CHECKING:
+    from tether.engine.consumer import Consumer
+
+
+class DeliverySink(Protocol):
+    """Where a consumer's output goes (a front door)."""
+
+    def deliver(self, consumer: Consumer, to: str, meta: MessageMeta, reply: str) -> None:
+        """Send message ``meta.seq`` to ``to`` with ``reply`` as its ack subject."""
+
+    def control(self, consumer: Consumer, to: str, block: bytes, reply: str = "") -> None:
+        """Send a status/heartbeat/flow-control header block to ``to``, in order."""
+
+    def advisory(self, subject: str, body: dict[str, Any]) -> None:
+        """Publish a JetStream advisory (only if someone listens)."""
+
+    def has_interest(self, subject: str) -> bool:
+        """Whether anything is subscribed to ``subject``."""
+
+    def backlog(self, consumer: Consumer) -> int:
+        """How many deliveries the sink still holds for ``consumer`` (slow reads)."""
+
+
+class ConsumerHost(Protocol):
+    """The registry that owns consumers."""
+
+    def consumer_changed(self, consumer: Consumer) -> None:
+        """The consumer's state changed and should be saved (once per tick is enough)."""
+
+    def consumer_acked(self, consumer: Consumer, seqs: list[int]) -> None:
+        """Messages were acked (only called when the stream's retention needs it)."""
+
+    def consumer_inactive(self, consumer: Consumer) -> None:
+        """The consumer passed its inactive threshold and should be deleted."""

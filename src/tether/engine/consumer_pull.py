@@ -1,0 +1,232 @@
+"""Pull delivery: waiting ``MSG.NEXT`` requests and how messages are dealt to them.
+
+Requests are served round robin (a request that got a message goes to the back), as
+nats-server does, so concurrent fetches share a backlog fairly. Expired requests get
+``408``, requests whose reply subject lost its subscribers are dropped silently, and a
+one-shot (``no_wait``) request ends with ``404`` once nothing more is deliverable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tether.engine import pull_queue as pq
+from tether.engine.clock import Clock
+from tether.engine.consumer_config import ConsumerConfig
+from tether.engine.consumer_io import DeliverySink
+from tether.engine.cursor import PriorityCursor, SequenceCursor
+from tether.engine.delivery_state import DeliveryState
+from tether.engine.pull_queue import PullRequest, PullRequestError
+from tether.storage.base import MessageMeta
+
+if TYPE_CHECKING:
+    from tether.engine.consumer import Consumer
+
+NS = 1_000_000_000
+
+
+class PullDelivery:
+    """The pull side of :class:`~tether.engine.consumer.Consumer` (a mixin)."""
+
+    # Provided by Consumer.
+    _me: Consumer  # the consumer itself, typed as such for the sink
+    clock: Clock
+    sink: DeliverySink
+    config: ConsumerConfig
+    cursor: SequenceCursor | PriorityCursor
+    state: DeliveryState
+    waiting: deque[PullRequest]
+    is_pull: bool
+    deleted: bool
+    max_waiting: int
+    _stalled: bool
+    _last_activity: int
+
+    def pump(self) -> None:
+        raise NotImplementedError
+
+    def _candidate(self) -> tuple[MessageMeta, bool] | None:
+        raise NotImplementedError
+
+    def _prepare(self, meta: MessageMeta, redelivery: bool) -> str:
+        raise NotImplementedError
+
+    def _commit(self, meta: MessageMeta, redelivery: bool, now: int) -> None:
+        raise NotImplementedError
+
+    def _heartbeat_block(self) -> bytes:
+        raise NotImplementedError
+
+    # -- pull requests ---------------------------------------------------------------------------------
+    def pull(self, reply: str, body: bytes) -> None:
+        """A ``CONSUMER.MSG.NEXT`` request (or the rest of a ``+NXT`` ack)."""
+        sink = self.sink
+        if not self.is_pull:
+            sink.control(self._me, reply, pq.PUSH_BASED)
+            return
+        try:
+            req = pq.parse_next_request(body)
+        except PullRequestError as exc:
+            sink.control(self._me, reply, pq.bad_request(str(exc)))
+            return
+        cfg = self.config
+        batch = max(req.batch, 1)
+        if cfg.max_batch and batch > cfg.max_batch:
+            sink.control(
+                self._me, reply, pq.conflict(f"Exceeded MaxRequestBatch of {cfg.max_batch}")
+            )
+            return
+        if req.expires and cfg.max_expires and req.expires > cfg.max_expires:
+            text = f"Exceeded MaxRequestExpires of {pq.go_duration(cfg.max_expires)}"
+            sink.control(self._me, reply, pq.conflict(text))
+            return
+        if req.max_bytes > 0 and cfg.max_bytes and req.max_bytes > cfg.max_bytes:
+            text = f"Exceeded MaxRequestMaxBytes of {cfg.max_bytes}"
+            sink.control(self._me, reply, pq.conflict(text))
+            return
+        now = self.clock.now()
+        self._last_activity = now
+        if req.expires < 0:
+            sink.control(self._me, reply, pq.request_timeout(batch, max(req.max_bytes, 0)))
+            return
+        if len(self.waiting) >= self.max_waiting:
+            self.prune_waiting()
+        if req.no_wait:
+            available = self.cursor.num_pending + len(self.state.queued)
+            if available == 0 and not req.expires:
+                sink.control(self._me, reply, pq.NO_MESSAGES)
+                return
+            if available:
+                self.prune_waiting()
+                if available < sum(r.batch for r in self.waiting):
+                    sink.control(self._me, reply, pq.REQUESTS_PENDING)
+                    return
+        if len(self.waiting) >= self.max_waiting:
+            if not req.idle_heartbeat:
+                sink.control(self._me, reply, pq.EXCEEDED_MAX_WAITING)
+            return
+        request = PullRequest(
+            reply,
+            batch,
+            now + req.expires if req.expires > 0 else 0,
+            max(req.max_bytes, 0),
+            req.no_wait,
+            req.idle_heartbeat,
+        )
+        request.queued = True
+        self.waiting.append(request)
+        self.pump()
+        if request.queued:
+            self._arm_request(request, now)
+
+    def _arm_request(self, req: PullRequest, now: int) -> None:
+        clock = self.clock
+        if req.expires_at:
+            req.timer = clock.call_later((req.expires_at - now) / NS, lambda: self._expire(req))
+        if req.heartbeat:
+            req.hb_next = now + req.heartbeat
+            req.hb_timer = clock.call_later(req.heartbeat / NS, lambda: self._request_hb(req))
+
+    def _expire(self, req: PullRequest) -> None:
+        req.timer = None
+        if req.queued:
+            self._finish(req, pq.request_timeout(req.batch, req.bytes_left))
+
+    def _request_hb(self, req: PullRequest) -> None:
+        req.hb_timer = None
+        if not req.queued or self.deleted:
+            return
+        now = self.clock.now()
+        if now >= req.hb_next:
+            self.sink.control(self._me, req.reply, self._heartbeat_block())
+            req.hb_next = now + req.heartbeat
+        req.hb_timer = self.clock.call_later(
+            (req.hb_next - now) / NS, lambda: self._request_hb(req)
+        )
+
+    def _finish(self, req: PullRequest, block: bytes | None) -> None:
+        """Take ``req`` off the waiting queue, optionally telling the client why."""
+        if req.queued:
+            req.queued = False
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(req)
+        req.cancel_timers()
+        self._last_activity = self.clock.now()
+        if block is not None:
+            self.sink.control(self._me, req.reply, block)
+
+    def prune_waiting(self) -> None:
+        """Drop requests that expired (408) or whose reply subject lost interest."""
+        if not self.waiting:
+            return
+        now = self.clock.now()
+        for req in list(self.waiting):
+            if req.expires_at and now >= req.expires_at:
+                self._finish(req, pq.request_timeout(req.batch, req.bytes_left))
+            elif not self.sink.has_interest(req.reply):
+                self._finish(req, None)
+
+    def drop_requests_for(self, subject_matches: Callable[[str], bool]) -> None:
+        """Interest changed: drop requests whose reply matches and lost interest."""
+        for req in list(self.waiting):
+            if subject_matches(req.reply) and not self.sink.has_interest(req.reply):
+                self._finish(req, None)
+
+    def _pump_pull(self) -> None:
+        waiting = self.waiting
+        sink = self.sink
+        now = self.clock.now()
+        while waiting:
+            got = self._candidate()
+            if got is None:
+                self._end_of_stream()
+                return
+            meta, redelivery = got
+            reply = self._prepare(meta, redelivery)
+            req = self._take_request(meta.size - 16 + len(reply), now)
+            if req is None:
+                return
+            sink.deliver(self._me, req.reply, meta, reply)
+            self._commit(meta, redelivery, now)
+            req.batch -= 1
+            req.delivered += 1
+            if req.heartbeat:
+                req.hb_next = now + req.heartbeat
+            if req.batch <= 0:
+                left = req.bytes_left if req.max_bytes else 0
+                self._finish(req, pq.batch_completed(0, left) if left > 0 else None)
+            elif len(waiting) > 1:
+                waiting.rotate(-1)
+
+    def _take_request(self, size: int, now: int) -> PullRequest | None:
+        """The request the next message goes to (expired and uninterested ones dropped)."""
+        waiting = self.waiting
+        has_interest = self.sink.has_interest
+        while waiting:
+            req = waiting[0]
+            if req.expires_at and now >= req.expires_at:
+                self._finish(req, pq.request_timeout(req.batch, req.bytes_left))
+                continue
+            if req.max_bytes:
+                if size > req.bytes_left:
+                    self._finish(req, pq.size_exceeds_max_bytes(req.batch, req.bytes_left))
+                    continue
+                req.bytes_left -= size
+                if req.bytes_left == 0:
+                    req.batch = 1
+            if not has_interest(req.reply):
+                self._finish(req, None)
+                continue
+            return req
+        return None
+
+    def _end_of_stream(self) -> None:
+        """Nothing more to send now: one-shot (no_wait) requests end, as on nats-server."""
+        if self._stalled:
+            return  # max ack pending, not the end: no_wait requests keep waiting
+        for req in list(self.waiting):
+            if req.no_wait and (not req.expires_at or req.delivered > 0):
+                self._finish(req, pq.NO_MESSAGES)

@@ -1,0 +1,433 @@
+"""Every consumer of every stream: creation rules, persistence, retention, stream events.
+
+The registry listens to the broker (committed and removed messages, stream changes)
+and fans events out to the consumers of the stream. It owns the consumers' storage:
+a consumer's state is written at most once per event-loop tick (the store's group
+commit batches it with everything else of that tick), never per ack. It applies the
+``interest`` and ``workqueue`` retention policies: acked messages are collected during
+a tick and removed through the broker (storage delete plus listeners) at its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import string
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tether.engine import errors
+from tether.engine.clock import Timer
+from tether.engine.consumer import Consumer
+from tether.engine.consumer_config import (
+    ConsumerConfig,
+    apply_defaults,
+    check_update,
+    consumer_does_not_exist,
+    consumer_exists,
+    decode_config,
+    encode_config,
+    validate,
+    wq_multiple_unfiltered,
+    wq_not_deliver_all,
+    wq_not_unique,
+    wq_requires_explicit_ack,
+)
+from tether.engine.consumer_io import DeliverySink
+from tether.engine.cursor import StreamHead
+from tether.engine.delivery_state import decode_state, encode_state
+from tether.engine.stream import Stream
+from tether.engine.subjects import filters_overlap
+from tether.storage.base import ConsumerRecord, MessageMeta, StorageError
+
+if TYPE_CHECKING:
+    from tether.engine.broker import Broker
+
+log = logging.getLogger("tether.consumers")
+
+_NAME_CHARS = string.ascii_letters + string.digits
+
+
+class _NullSink:
+    """Used until a front door attaches: drops everything."""
+
+    def deliver(self, consumer: Consumer, to: str, meta: MessageMeta, reply: str) -> None:
+        pass
+
+    def control(self, consumer: Consumer, to: str, block: bytes, reply: str = "") -> None:
+        pass
+
+    def advisory(self, subject: str, body: dict[str, Any]) -> None:
+        pass
+
+    def has_interest(self, subject: str) -> bool:
+        return False
+
+    def backlog(self, consumer: Consumer) -> int:
+        return 0
+
+
+class ConsumerRegistry:
+    """The consumers of all streams, fed by the broker's listener hooks."""
+
+    def __init__(self, broker: Broker, sink: DeliverySink | None = None) -> None:
+        self.broker = broker
+        self.clock = broker.clock
+        self.store = broker.store
+        self.sink: DeliverySink = sink or _NullSink()
+        self.streams: dict[str, dict[str, Consumer]] = {}
+        self.heads: dict[str, StreamHead] = {}
+        self._dirty: dict[int, Consumer] = {}
+        self._acked: dict[str, tuple[Stream, list[int]]] = {}
+        self._sweep: set[str] = set()
+        self._flush_timer: Timer | None = None
+        self._flush_delay = 0.0
+        self._removing = False
+        broker.listeners.append(self)
+        for stream in broker.streams.values():
+            self.on_stream_changed(stream)
+
+    # -- startup ----------------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Rebuild every persisted consumer (after the broker loaded its streams)."""
+        for stream in list(self.broker.streams.values()):
+            self.on_stream_changed(stream)
+            for record in await self.store.load_consumers(stream.name):
+                try:
+                    config = decode_config(record.config)
+                    saved = decode_state(record.state) if record.state else None
+                except Exception:
+                    log.exception("consumer %s > %s: unreadable record", stream.name, record.name)
+                    continue
+                consumer = self._build(stream, record.name, config, record.created_ns, saved)
+                if consumer.is_pull is False:
+                    consumer.set_push_interest(self.sink.has_interest(config.deliver_subject))
+
+    def _build(
+        self,
+        stream: Stream,
+        name: str,
+        config: ConsumerConfig,
+        created_ns: int,
+        saved: Any = None,
+    ) -> Consumer:
+        consumer = Consumer(
+            stream,
+            self.heads[stream.name],
+            name,
+            config,
+            created_ns,
+            self.clock,
+            self.sink,
+            self,
+            saved,
+        )
+        consumer.notify_acks = stream.config.retention != "limits"
+        consumers = self.streams.setdefault(stream.name, {})
+        consumers[name] = consumer
+        stream.consumer_count = len(consumers)
+        return consumer
+
+    # -- management ------------------------------------------------------------------------------------
+    def get(self, stream: str, name: str) -> Consumer:
+        consumer = self.streams.get(stream, {}).get(name)
+        if consumer is None:
+            if stream not in self.broker.streams:
+                raise errors.stream_not_found()
+            raise errors.consumer_not_found()
+        return consumer
+
+    def find(self, stream: str, name: str) -> Consumer | None:
+        return self.streams.get(stream, {}).get(name)
+
+    def consumers_of(self, stream: str) -> list[Consumer]:
+        self.broker.get_stream(stream)
+        return sorted(self.streams.get(stream, {}).values(), key=lambda c: c.name)
+
+    async def create(
+        self, stream_name: str, config: ConsumerConfig, action: str = "", activate: bool = True
+    ) -> tuple[Consumer, bool]:
+        """Create a consumer, or update one (``action``: ``""``, ``create`` or ``update``).
+
+        A new push consumer starts delivering at once unless ``activate`` is False; then
+        the caller calls :meth:`activate` (after replying, as nats-server does).
+        """
+        stream = self.broker.get_stream(stream_name)
+        scfg = stream.config
+        apply_defaults(config, scfg)
+        validate(config, scfg)
+        consumers = self.streams.setdefault(stream.name, {})
+        name = config.durable_name or config.name
+        existing = consumers.get(name) if name else None
+        if existing is not None:
+            config.pause_until = existing.config.pause_until
+            if action == "create" and config != existing.config:
+                raise consumer_exists()
+            if scfg.retention == "workqueue" and not self._partition_unique(
+                stream, name, config.filters
+            ):
+                raise wq_not_unique()
+            bound = bool(existing.config.deliver_subject) and self.sink.has_interest(
+                existing.config.deliver_subject
+            )
+            check_update(existing.config, config, bound)
+            if config != existing.config:
+                existing.update_config(config)
+                await self._durable(self._put(existing))
+            return existing, False
+        if action == "update":
+            raise consumer_does_not_exist()
+        if scfg.max_consumers > 0 and len(consumers) >= scfg.max_consumers:
+            raise errors.max_consumers_reached()
+        if scfg.retention == "workqueue":
+            if config.ack_policy != "explicit":
+                raise wq_requires_explicit_ack()
+            if config.deliver_policy != "all":
+                raise wq_not_deliver_all()
+            if consumers:
+                if not config.filters:
+                    raise wq_multiple_unfiltered()
+                if not self._partition_unique(stream, name, config.filters):
+                    raise wq_not_unique()
+        if not name:
+            name = self._new_name(consumers)
+        consumer = self._build(stream, name, config, self.clock.now())
+        await self._durable(self._put(consumer))
+        if activate:
+            self.activate(consumer)
+        return consumer, True
+
+    def activate(self, consumer: Consumer) -> None:
+        """Start a push consumer if its deliver subject has interest."""
+        if not consumer.is_pull and not consumer.deleted:
+            consumer.set_push_interest(self.sink.has_interest(consumer.config.deliver_subject))
+
+    def _partition_unique(self, stream: Stream, name: str, filters: tuple[str, ...]) -> bool:
+        for other in self.streams.get(stream.name, {}).values():
+            if other.name == name:
+                continue
+            for f in filters:
+                if not other.config.filters:
+                    return False
+                if any(filters_overlap(f, g) for g in other.config.filters):
+                    return False
+        return True
+
+    @staticmethod
+    def _new_name(taken: dict[str, Consumer]) -> str:
+        while True:
+            name = "".join(secrets.choice(_NAME_CHARS) for _ in range(8))
+            if name not in taken:
+                return name
+
+    def _put(self, consumer: Consumer) -> asyncio.Future[None]:
+        if consumer.config.mem_storage:
+            return self.store.flush()
+        consumer._changed = False  # the full record carries the state
+        self._dirty.pop(id(consumer), None)
+        return self.store.put_consumer(
+            ConsumerRecord(
+                consumer.stream.name,
+                consumer.name,
+                encode_config(consumer.config),
+                encode_state(consumer.save()),
+                consumer.created_ns,
+            )
+        )
+
+    async def delete(self, stream_name: str, name: str) -> None:
+        consumer = self.get(stream_name, name)
+        await self._durable(self._remove(consumer))
+
+    async def pause(self, stream_name: str, name: str, until_ns: int) -> Consumer:
+        consumer = self.get(stream_name, name)
+        consumer.pause(until_ns)
+        await self._durable(self._put(consumer))
+        return consumer
+
+    def _remove(self, consumer: Consumer, notify: bool = True) -> asyncio.Future[None]:
+        stream = consumer.stream
+        consumers = self.streams.get(stream.name, {})
+        if consumers.get(consumer.name) is consumer:
+            del consumers[consumer.name]
+        stream.consumer_count = len(consumers)
+        consumer.close(notify)
+        self._dirty.pop(id(consumer), None)
+        if stream.config.retention == "interest" and self.broker.streams.get(stream.name) is stream:
+            self._sweep.add(stream.name)
+            self._schedule()
+        if consumer.config.mem_storage:
+            return self.store.flush()
+        return self.store.delete_consumer(stream.name, consumer.name)
+
+    @staticmethod
+    async def _durable(fut: asyncio.Future[None]) -> None:
+        try:
+            await fut
+        except StorageError as exc:
+            raise errors.store_failed(str(exc)) from None
+
+    # -- consumer host ---------------------------------------------------------------------------------
+    def consumer_changed(self, consumer: Consumer) -> None:
+        self._dirty[id(consumer)] = consumer
+        self._schedule()
+
+    def consumer_acked(self, consumer: Consumer, seqs: list[int]) -> None:
+        self._retire(consumer.stream, seqs)
+
+    def consumer_inactive(self, consumer: Consumer) -> None:
+        log.debug("consumer %s > %s inactive, deleting", consumer.stream.name, consumer.name)
+        fut = self._remove(consumer)
+        fut.add_done_callback(_log_failure)
+
+    # -- the per-tick flush -----------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        if self._flush_timer is None:
+            self._flush_timer = self.clock.call_later(self._flush_delay, self.flush)
+
+    def flush(self) -> None:
+        """Apply retention for this tick's acks and save every changed consumer's state."""
+        self._flush_timer = None
+        started = time.perf_counter()
+        if self._acked:
+            acked, self._acked = self._acked, {}
+            for stream, seqs in acked.values():
+                self._retain(stream, seqs)
+        if self._sweep:
+            sweep, self._sweep = self._sweep, set()
+            for name in sweep:
+                swept = self.broker.streams.get(name)
+                if swept is not None:
+                    self._retain(swept, list(swept.seqs(swept.first_seq)))
+        if self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            store = self.store
+            for consumer in dirty.values():
+                if consumer.deleted or consumer.config.mem_storage:
+                    continue
+                state = encode_state(consumer.save())
+                store.put_consumer_state(
+                    consumer.stream.name, consumer.name, state
+                ).add_done_callback(_log_failure)
+        # A huge state costs real time to encode; space the writes out so that saving
+        # never takes more than a few percent of the loop.
+        took = time.perf_counter() - started
+        self._flush_delay = min(took * 20, 1.0) if took > 0.002 else 0.0
+
+    def _retain(self, stream: Stream, seqs: list[int]) -> None:
+        if self.broker.streams.get(stream.name) is not stream:
+            return
+        consumers = list(self.streams.get(stream.name, {}).values())
+        removable: list[int] = []
+        meta_of = stream.meta
+        workqueue = stream.config.retention == "workqueue"
+        for seq in sorted(set(seqs)):
+            meta = meta_of(seq)
+            if meta is None:
+                continue
+            if workqueue or all(_done_with(c, meta) for c in consumers):
+                removable.append(seq)
+        if removable:
+            self._removing = True
+            try:
+                self.broker.remove_messages(stream, removable)
+            finally:
+                self._removing = False
+
+    async def close(self) -> None:
+        """Save every consumer's state (clean shutdown) and stop the timers."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+        self._flush_delay = 0.0
+        for consumers in self.streams.values():
+            for consumer in consumers.values():
+                self._dirty[id(consumer)] = consumer
+        self.flush()
+        for consumers in self.streams.values():
+            for consumer in consumers.values():
+                consumer.close(notify=False)
+        self._flush_timer = None
+        try:
+            await self.store.flush()
+        except StorageError as exc:
+            log.error("saving consumer state failed: %s", exc)
+
+    # -- broker listener -----------------------------------------------------------------------------------
+    def on_stream_changed(self, stream: Stream) -> None:
+        head = self.heads.get(stream.name)
+        if head is None:
+            self.heads[stream.name] = StreamHead(stream.last_seq)
+
+    def on_stream_deleted(self, stream: Stream) -> None:
+        for consumer in list(self.streams.pop(stream.name, {}).values()):
+            consumer.close()
+            self._dirty.pop(id(consumer), None)
+        self.heads.pop(stream.name, None)
+        self._acked.pop(stream.name, None)
+
+    def on_messages_committed(self, stream: Stream, seqs: list[int]) -> None:
+        head = self.heads.get(stream.name)
+        if head is None:
+            head = self.heads[stream.name] = StreamHead(0)
+        head.committed = max(head.committed, seqs[-1])
+        consumers = self.streams.get(stream.name)
+        meta_of = stream.meta
+        metas = [m for m in map(meta_of, seqs) if m is not None]
+        if stream.config.retention == "interest":
+            # Nobody is interested in a message no consumer's filter matches.
+            live = list(consumers.values()) if consumers else []
+            orphans = [m.seq for m in metas if not any(c.cursor.match(m.subject) for c in live)]
+            if orphans:
+                self._retire(stream, orphans)
+        if consumers:
+            for consumer in list(consumers.values()):
+                consumer.on_committed(metas)
+
+    def _retire(self, stream: Stream, seqs: list[int]) -> None:
+        """Queue messages for the end-of-tick retention check."""
+        entry = self._acked.get(stream.name)
+        if entry is None:
+            self._acked[stream.name] = (stream, list(seqs))
+        else:
+            entry[1].extend(seqs)
+        self._schedule()
+
+    def on_messages_removed(self, stream: Stream, seqs: list[int]) -> None:
+        consumers = self.streams.get(stream.name)
+        if consumers:
+            known = self._removing
+            for consumer in list(consumers.values()):
+                consumer.on_removed(seqs, known)
+
+    # -- interest (front doors call these) --------------------------------------------------------------------
+    def interest_changed(self, subject: str, matches: Callable[[str], bool]) -> None:
+        """A client subscription on ``subject`` came or went."""
+        has_interest = self.sink.has_interest
+        for consumers in self.streams.values():
+            for consumer in list(consumers.values()):
+                if consumer.is_pull:
+                    if consumer.waiting:
+                        consumer.drop_requests_for(matches)
+                elif matches(consumer.config.deliver_subject):
+                    consumer.set_push_interest(has_interest(consumer.config.deliver_subject))
+
+    def all(self) -> list[Consumer]:
+        return [c for consumers in self.streams.values() for c in consumers.values()]
+
+
+def _done_with(consumer: Consumer, meta: MessageMeta) -> bool:
+    """Interest retention: ``consumer`` no longer needs ``meta`` (acked or not its subject)."""
+    if not consumer.cursor.match(meta.subject):
+        return True
+    seq = meta.seq
+    state = consumer.state
+    if seq in state.pending or seq in state.dead:
+        return False
+    return consumer.cursor.passed(meta)
+
+
+def _log_failure(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("saving consumer state failed: %s", fut.exception())

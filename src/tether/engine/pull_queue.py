@@ -1,0 +1,171 @@
+"""Pull requests: parsing ``CONSUMER.MSG.NEXT`` bodies, the waiting request, status blocks.
+
+The status header blocks are byte-for-byte those nats-server sends (see the pull
+consumer ADR and ``consumer.go``), because clients branch on the code and text.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from tether.engine.clock import Timer
+
+NS = 1_000_000_000
+
+NO_MESSAGES = b"NATS/1.0 404 No Messages\r\n\r\n"
+REQUESTS_PENDING = b"NATS/1.0 408 Requests Pending\r\n\r\n"
+EXCEEDED_MAX_WAITING = b"NATS/1.0 409 Exceeded MaxWaiting\r\n\r\n"
+CONSUMER_DELETED = b"NATS/1.0 409 Consumer Deleted\r\n\r\n"
+PUSH_BASED = b"NATS/1.0 409 Consumer is push based\r\n\r\n"
+FLOW_CONTROL = b"NATS/1.0 100 FlowControl Request\r\n\r\n"
+_PENDING_T = b"Nats-Pending-Messages: %d\r\nNats-Pending-Bytes: %d\r\n\r\n"
+_TIMEOUT_T = b"NATS/1.0 408 Request Timeout\r\n" + _PENDING_T
+_MAX_BYTES_T = b"NATS/1.0 409 Message Size Exceeds MaxBytes\r\n" + _PENDING_T
+_BATCH_DONE_T = b"NATS/1.0 409 Batch Completed\r\n" + _PENDING_T
+_HEARTBEAT_T = b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: %d\r\nNats-Last-Stream: %d\r\n"
+
+
+def request_timeout(batch: int, max_bytes: int) -> bytes:
+    return _TIMEOUT_T % (batch, max_bytes)
+
+
+def size_exceeds_max_bytes(batch: int, max_bytes: int) -> bytes:
+    return _MAX_BYTES_T % (batch, max_bytes)
+
+
+def batch_completed(batch: int, max_bytes: int) -> bytes:
+    return _BATCH_DONE_T % (batch, max_bytes)
+
+
+def bad_request(reason: str) -> bytes:
+    return b"NATS/1.0 400 Bad Request - %s\r\n\r\n" % reason.encode()
+
+
+def conflict(reason: str) -> bytes:
+    return b"NATS/1.0 409 %s\r\n\r\n" % reason.encode()
+
+
+def idle_heartbeat(last_consumer: int, last_stream: int, stalled: str = "") -> bytes:
+    block = _HEARTBEAT_T % (last_consumer, last_stream)
+    if stalled:
+        block += b"Nats-Consumer-Stalled: %s\r\n" % stalled.encode()
+    return block + b"\r\n"
+
+
+def go_duration(ns: int) -> str:
+    """A duration the way Go's ``time.Duration.String`` prints it (``1.5s``, ``500ms``)."""
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 1000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{_trim(ns / 1000)}µs"
+    if ns < NS:
+        return f"{sign}{_trim(ns / 1_000_000)}ms"
+    secs = ns / NS
+    hours, rest = divmod(secs, 3600)
+    minutes, seconds = divmod(rest, 60)
+    out = sign
+    if hours:
+        out += f"{int(hours)}h"
+    if hours or minutes:
+        out += f"{int(minutes)}m"
+    return out + f"{_trim(round(seconds, 9))}s"
+
+
+def _trim(value: float) -> str:
+    text = f"{value:.9f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+class NextRequest(msgspec.Struct):
+    """The JSON body of ``CONSUMER.MSG.NEXT``."""
+
+    batch: int = 0
+    expires: int = 0
+    no_wait: bool = False
+    max_bytes: int = 0
+    idle_heartbeat: int = 0
+
+
+_next_decoder = msgspec.json.Decoder(NextRequest)
+
+
+class PullRequestError(Exception):
+    """A malformed pull request; ``str(exc)`` is the text after ``Bad Request - ``."""
+
+
+def parse_next_request(body: bytes) -> NextRequest:
+    """Decode a pull request body like nats-server's ``nextReqFromMsg``.
+
+    Empty → batch 1; ``{...}`` → JSON; a bare integer → that batch; anything else → batch 1.
+    """
+    text = body.strip()
+    if not text:
+        return NextRequest(batch=1)
+    if text[:1] == b"{":
+        try:
+            req = _next_decoder.decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise PullRequestError(str(exc)) from None
+        if req.idle_heartbeat > 0 and req.idle_heartbeat * 2 > req.expires:
+            raise PullRequestError("heartbeat value too large")
+        return req
+    try:
+        return NextRequest(batch=int(text))
+    except ValueError:
+        return NextRequest(batch=1)
+
+
+class PullRequest:
+    """One waiting ``MSG.NEXT`` (or ``+NXT``) request."""
+
+    __slots__ = (
+        "batch",
+        "bytes_left",
+        "delivered",
+        "expires_at",
+        "hb_next",
+        "hb_timer",
+        "heartbeat",
+        "max_bytes",
+        "no_wait",
+        "queued",
+        "reply",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        reply: str,
+        batch: int,
+        expires_at: int = 0,
+        max_bytes: int = 0,
+        no_wait: bool = False,
+        heartbeat: int = 0,
+    ) -> None:
+        self.reply = reply
+        self.batch = batch
+        self.expires_at = expires_at
+        self.max_bytes = max_bytes
+        self.bytes_left = max_bytes
+        self.no_wait = no_wait
+        self.heartbeat = heartbeat
+        self.hb_next = 0
+        self.delivered = 0
+        self.queued = False
+        self.timer: Timer | None = None
+        self.hb_timer: Timer | None = None
+
+    def cancel_timers(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.hb_timer is not None:
+            self.hb_timer.cancel()
+            self.hb_timer = None
+
+    def __repr__(self) -> str:
+        return f"PullRequest({self.reply!r}, batch={self.batch}, delivered={self.delivered})"

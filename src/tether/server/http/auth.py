@@ -1,0 +1,238 @@
+"""Who may do what: token checks in webhook-broker's order, gateway HMAC, body limits.
+
+Token checks compare salted digests in constant time. The orders of the checks (and so
+which error a caller sees first) are webhook-broker's; see docs/http-api.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tether.engine.jobs_registry import Channel, Consumer, Producer, verify_token
+from tether.server.http.common import NOT_FOUND, Api, text
+
+CHANNEL_TOKEN = "x-broker-channel-token"
+PRODUCER_ID = "x-broker-producer-id"
+PRODUCER_TOKEN = "x-broker-producer-token"
+CONSUMER_TOKEN = "x-broker-consumer-token"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def broadcaster(api: Api, request: Request, channel_id: str) -> tuple[Channel, Producer] | Response:
+    """Broadcast: channel 404 → channel token 403 → producer 401 → producer token 403."""
+    reg = api.service.registry
+    channel = reg.channels.get(channel_id)
+    if channel is None:
+        return text(404, NOT_FOUND)
+    if not verify_token(request.headers.get(CHANNEL_TOKEN), channel.token_hash):
+        return text(403, "channel token does not match")
+    producer = reg.producers.get(request.headers.get(PRODUCER_ID, ""))
+    if producer is None:
+        return text(401, "producer could not be found")
+    if not verify_token(request.headers.get(PRODUCER_TOKEN), producer.token_hash):
+        return text(403, "producer token does not match")
+    return channel, producer
+
+
+def pull_consumer(
+    api: Api, request: Request, channel_id: str, consumer_id: str, *, pull: bool = True
+) -> Consumer | Response:
+    """Pull routes: channel 404 → channel token 403 → consumer 401 → consumer token 403
+    → not pull 412. With ``pull=False`` (dead-letter deletes) a missing consumer is 404
+    and any type is accepted, as in webhook-broker."""
+    reg = api.service.registry
+    channel = reg.channels.get(channel_id)
+    if channel is None:
+        return text(404, NOT_FOUND)
+    if not verify_token(request.headers.get(CHANNEL_TOKEN), channel.token_hash):
+        return text(403, "channel token does not match")
+    consumer = reg.consumers.get((channel_id, consumer_id))
+    if consumer is None:
+        return text(401, "consumer could not be found") if pull else text(404, NOT_FOUND)
+    if not verify_token(request.headers.get(CONSUMER_TOKEN), consumer.token_hash):
+        return text(403, "consumer token does not match")
+    if pull and consumer.type != "pull":
+        return text(412, "consumer not pull based")
+    return consumer
+
+
+def parse_job_id(job_id: str) -> tuple[int, int] | None:
+    """Job ids are ``<consumer number>-<stream sequence>``."""
+    num, sep, seq = job_id.partition("-")
+    if not sep or not num.isdigit() or not seq.isdigit() or len(job_id) > 40:
+        return None
+    return int(num), int(seq)
+
+
+def job_of(api: Api, consumer: Consumer, job_id: str) -> int | Response:
+    """The job's sequence: 404 if there is no such job, 401 if it is another consumer's."""
+    parsed = parse_job_id(job_id)
+    if parsed is None:
+        return text(404, "job could not be found")
+    num, seq = parsed
+    owner = api.service.registry.by_num.get(num)
+    if owner is None:
+        return text(404, "job could not be found")
+    ledger = api.service.ledgers.get((owner.channel, owner.id))
+    if ledger is None or ledger.info(seq) is None:
+        return text(404, "job could not be found")
+    if owner is not consumer and (owner.channel, owner.id) != (consumer.channel, consumer.id):
+        return text(401, "job could not be found")
+    return seq
+
+
+def revealed(request: Request, header: str, token_hash: str) -> str:
+    """A token is shown only to a caller that sent it (it is stored hashed): GETs of
+    producers, channels and consumers otherwise answer ``Token: ""``."""
+    given = request.headers.get(header)
+    return given if given and verify_token(given, token_hash) else ""
+
+
+# -- middleware ------------------------------------------------------------------------------------
+
+
+class GatewayMiddleware:
+    """In front of every route: echo ``X-Request-ID`` (or a new one), cap the request
+    body (413, read whole before any handler runs, so nothing half-reads), and when a
+    secret is set check webhook-broker's gateway HMAC: ``X-Broker-Signature:
+    t=<unix>,v1=<hex>`` over ``"{t}.{raw body}"``; missing/malformed 401, stale or
+    wrong 403; paths under an exempt prefix pass."""
+
+    def __init__(
+        self,
+        app: AsgiApp,
+        max_body: int,
+        secret: str | None = None,
+        tolerance: float = 300.0,
+        exempt: list[str] | None = None,
+    ) -> None:
+        self.app = app
+        self.max_body = max_body
+        self.secret = secret.encode() if secret else None
+        self.tolerance = tolerance
+        self.exempt = tuple(exempt or ())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = b""
+        signature = ""
+        length = -1
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                rid = value[:128]
+            elif name == b"content-length":
+                length = int(value) if value.isdigit() else -1
+            elif name == b"x-broker-signature":
+                signature = value.decode("latin-1")
+        if not rid:
+            rid = secrets.token_hex(10).encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
+            await send(message)
+
+        if length > self.max_body:
+            await _reply(send_with_id, 413, "request body too large")
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                await _reply(send_with_id, 413, "request body too large")
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if self.secret is not None and not str(scope["path"]).startswith(self.exempt):
+            refusal = self._check(signature, body)
+            if refusal is not None:
+                await _reply(send_with_id, *refusal)
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send_with_id)
+
+    def _check(self, header: str, body: bytes) -> tuple[int, str] | None:
+        assert self.secret is not None
+        if not header:
+            return 401, "missing X-Broker-Signature header"
+        parsed = _parse_signature(header)
+        if parsed is None:
+            return 401, "malformed X-Broker-Signature header"
+        stamp, signature = parsed
+        if abs(time.time() - stamp) > self.tolerance:
+            return 403, "request timestamp outside tolerance window"
+        expected = hmac.new(self.secret, f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected.encode(), signature.encode()):
+            return 403, "invalid signature"
+        return None
+
+
+async def _reply(send: Send, status: int, message: str) -> None:
+    body = message.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _parse_signature(header: str) -> tuple[int, str] | None:
+    parts = header.split(",")
+    if len(parts) != 2:
+        return None
+    stamp: int | None = None
+    signature: str | None = None
+    for part in (p.strip() for p in parts):
+        if part.startswith("t="):
+            try:
+                stamp = int(part[2:])
+            except ValueError:
+                return None
+        elif part.startswith("v1="):
+            signature = part[3:]
+    if stamp is None or signature is None:
+        return None
+    return stamp, signature
+
+
+def signature_header(secret: str, body: bytes, stamp: int | None = None) -> str:
+    """The header a caller sends (for tests and clients)."""
+    t = int(time.time()) if stamp is None else stamp
+    mac = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={mac}"

@@ -1,0 +1,327 @@
+"""Jobs over HTTP: the pull-consumer spec (queued-jobs, job GET/POST, requeue), dead
+letters, and Tether's atomic claim, touch and bulk state change."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tether.engine.jobs import DEAD, NOT_DEAD, Job, JobError
+from tether.engine.jobs_registry import Consumer, verify_token
+from tether.server.http.auth import job_of, pull_consumer
+from tether.server.http.common import (
+    NOT_FOUND,
+    UNSUPPORTED_MEDIA,
+    Api,
+    channel_url,
+    consumer_url,
+    form_values,
+    is_form,
+    job_url,
+    json,
+    message_url,
+    rfc3339,
+    text,
+)
+from tether.server.http.messages import payload_text
+from tether.server.http.pagination import paginate
+
+DEFAULT_LIMIT = 25
+MAX_LIMIT = 100
+MAX_TIMEOUT = 366 * 24 * 3600  # IncrementalTimeout above a year is refused
+MAX_BULK = 1000
+
+
+def job_id(k: Consumer, seq: int) -> str:
+    return f"{k.num}-{seq}"
+
+
+def _int_field(doc: dict[str, Any], name: str, default: int, hi: int) -> int:
+    value = doc.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+        raise ValueError(f"{name} must be an integer from 0 to {hi}")
+    return value
+
+
+def _json_object(body: bytes, empty_ok: bool) -> dict[str, Any]:
+    if empty_ok and not body.strip():
+        return {}
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"malformed JSON body: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("the JSON body must be an object")
+    return doc
+
+
+def _state_change(doc: dict[str, Any]) -> tuple[str, int]:
+    state = doc.get("NextState", "")
+    if not isinstance(state, str):
+        raise ValueError("NextState must be a string")
+    return state, _int_field(doc, "IncrementalTimeout", 0, MAX_TIMEOUT)
+
+
+def routes(api: Api) -> list[Route]:
+    service = api.service
+
+    async def jobs_body(k: Consumer, jobs: list[Job], with_deadline: bool = False) -> list[Any]:
+        views = {v.seq: v for v in await service.read_many(k.channel, [j.seq for j in jobs])}
+        out = []
+        for j in jobs:
+            v = views.get(j.seq)
+            if v is None:
+                continue
+            item: dict[str, Any] = {
+                "ID": job_id(k, j.seq),
+                "Priority": j.priority,
+                "IncrementalTimeout": j.timeout,
+                "Message": {
+                    "MessageID": v.message_id,
+                    "Payload": payload_text(v.payload),
+                    "Headers": v.metadata,
+                    "ContentType": v.content_type,
+                },
+            }
+            if with_deadline:
+                item["Deadline"] = rfc3339(j.deadline)
+            out.append(item)
+        return out
+
+    async def queued_jobs(request: Request) -> Response:
+        k = pull_consumer(
+            api, request, request.path_params["channelId"], request.path_params["consumerId"]
+        )
+        if isinstance(k, Response):
+            return k
+        raw = request.query_params.get("limit", "")
+        if raw == "":
+            limit = DEFAULT_LIMIT
+        elif raw.isdigit():  # webhook-broker: not an integer or negative → 400
+            limit = min(int(raw), MAX_LIMIT)
+        else:
+            return text(400, "invalid query parameter")
+        jobs = service.ledger(k).peek(limit)
+        return json({"Result": await jobs_body(k, jobs)})
+
+    async def _job_route(request: Request) -> tuple[Consumer, int] | Response:
+        k = pull_consumer(
+            api, request, request.path_params["channelId"], request.path_params["consumerId"]
+        )
+        if isinstance(k, Response):
+            return k
+        seq = job_of(api, k, request.path_params["jobId"])
+        if isinstance(seq, Response):
+            return seq
+        return k, seq
+
+    async def job(request: Request) -> Response:
+        if request.method == "DELETE":
+            return await delete_dead_job(request)
+        found = await _job_route(request)
+        if isinstance(found, Response):
+            return found
+        k, seq = found
+        ledger = service.ledger(k)
+        if request.method == "GET":
+            info = ledger.info(seq)
+            view = await service.read(k.channel, seq)
+            if info is None or view is None:
+                return text(404, "job could not be found")
+            jid = job_id(k, seq)
+            producer = service.registry.producers.get(view.producer)
+            return json(
+                {
+                    "ListenerEndpoint": k.callback,
+                    "ListenerName": k.name,
+                    "Status": info.status,
+                    "StatusChangedAt": rfc3339(info.changed or view.ts),
+                    "MessageURL": message_url(k.channel, view.message_id),
+                    "ChannelURL": channel_url(k.channel),
+                    "ConsumerURL": consumer_url(k.channel, k.id),
+                    "ProducerURL": f"/producer/{producer.id}" if producer else "",
+                    "JobRequeueURL": (
+                        job_url(k.channel, k.id, jid) + "/requeue-dead-job"
+                        if info.status == DEAD
+                        else ""
+                    ),
+                }
+            )
+        try:
+            state, timeout = _state_change(_json_object(await request.body(), empty_ok=False))
+            ledger.transition(seq, state, timeout)
+        except (ValueError, JobError) as exc:
+            return text(400, str(exc))
+        return Response(status_code=202)
+
+    async def requeue_dead_job(request: Request) -> Response:
+        found = await _job_route(request)
+        if isinstance(found, Response):
+            return found
+        k, seq = found
+        if not service.ledger(k).requeue_dead(seq):
+            return text(400, NOT_DEAD)
+        return Response(status_code=202)
+
+    async def delete_dead_job(request: Request) -> Response:
+        k = pull_consumer(
+            api,
+            request,
+            request.path_params["channelId"],
+            request.path_params["consumerId"],
+            pull=False,
+        )
+        if isinstance(k, Response):
+            return k
+        seq = job_of(api, k, request.path_params["jobId"])
+        if isinstance(seq, Response):
+            return text(404, "job could not be found")
+        if not service.ledger(k).delete_dead(seq):
+            return text(404, "job is not dead")
+        return Response(status_code=204)
+
+    async def dlq(request: Request) -> Response:
+        cid, kid = request.path_params["channelId"], request.path_params["consumerId"]
+        if request.method == "DELETE":
+            k = pull_consumer(api, request, cid, kid, pull=False)
+            if isinstance(k, Response):
+                return k
+            return json({"deletedCount": service.ledger(k).delete_all_dead()})
+        if request.method == "POST" and not is_form(request):
+            return text(415, UNSUPPORTED_MEDIA)
+        found = service.registry.consumers.get((cid, kid))
+        if found is None:
+            return text(404, NOT_FOUND)
+        ledger = service.ledger(found)
+        if request.method == "POST":
+            form = await form_values(request)
+            if form is None or not verify_token(form.get("requeue"), found.token_hash):
+                return text(400, "`requeue` form param must match consumer token")
+            ledger.requeue_all_dead()
+            return Response(status_code=202)
+        dead = ledger.dead()
+        page, links = paginate(request, dead, lambda j: (job_id(found, j.seq), j.changed))
+        views = {v.seq: v for v in await service.read_many(cid, [j.seq for j in page])}
+        items = []
+        for j in page:
+            v = views.get(j.seq)
+            jid = job_id(found, j.seq)
+            items.append(
+                {
+                    "ListenerEndpoint": found.callback,
+                    "ListenerName": found.name,
+                    "Status": DEAD,
+                    "StatusChangedAt": rfc3339(j.changed),
+                    "MessageURL": message_url(cid, v.message_id) if v else "",
+                    "JobRequeueURL": job_url(cid, kid, jid) + "/requeue-dead-job",
+                }
+            )
+        return json({"DeadJobs": items, "Pages": links})
+
+    # -- Tether extensions ---------------------------------------------------------------------------
+    async def claim(request: Request) -> Response:
+        k = pull_consumer(
+            api, request, request.path_params["channelId"], request.path_params["consumerId"]
+        )
+        if isinstance(k, Response):
+            return k
+        try:
+            doc = _json_object(await request.body(), empty_ok=True)
+            limit = _int_field(doc, "Max", DEFAULT_LIMIT, api.settings.max_claim)
+            timeout = _int_field(doc, "IncrementalTimeout", 0, MAX_TIMEOUT)
+            wait = doc.get("Wait", 0)
+            if (
+                isinstance(wait, bool)
+                or not isinstance(wait, int | float)
+                or not 0 <= wait <= api.settings.max_claim_wait
+            ):
+                raise ValueError(
+                    f"Wait must be a number of seconds from 0 to {api.settings.max_claim_wait:g}"
+                )
+        except ValueError as exc:
+            return text(400, str(exc))
+        key = (k.channel, k.id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(wait)
+        ledger = service.ledger(k)
+        jobs = ledger.claim(limit, timeout or None)
+        while not jobs and not ledger.closed:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            fut: asyncio.Future[None] = loop.create_future()
+            api.waiters.setdefault(key, set()).add(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                api.waiters.get(key, set()).discard(fut)
+            jobs = ledger.claim(limit, timeout or None)
+        service.counters.claimed += len(jobs)
+        return json({"Result": await jobs_body(k, jobs, with_deadline=True)})
+
+    async def touch(request: Request) -> Response:
+        found = await _job_route(request)
+        if isinstance(found, Response):
+            return found
+        k, seq = found
+        try:
+            doc = _json_object(await request.body(), empty_ok=True)
+            timeout = _int_field(doc, "IncrementalTimeout", -1, MAX_TIMEOUT)
+            deadline = service.ledger(k).touch(seq, None if timeout < 0 else timeout)
+        except (ValueError, JobError) as exc:
+            return text(400, str(exc))
+        return json({"Deadline": rfc3339(deadline)})
+
+    async def bulk(request: Request) -> Response:
+        k = pull_consumer(
+            api, request, request.path_params["channelId"], request.path_params["consumerId"]
+        )
+        if isinstance(k, Response):
+            return k
+        try:
+            doc = _json_object(await request.body(), empty_ok=False)
+            items = doc.get("Jobs")
+            if not isinstance(items, list) or len(items) > MAX_BULK:
+                raise ValueError(f"Jobs must be a list of at most {MAX_BULK} state changes")
+            changes = []
+            for item in items:
+                if not isinstance(item, dict) or not isinstance(item.get("ID"), str):
+                    raise ValueError("each job needs an ID string")
+                changes.append((item["ID"], *_state_change(item)))
+        except ValueError as exc:
+            return text(400, str(exc))
+        ledger = service.ledger(k)
+        results = []
+        for jid, state, timeout in changes:
+            seq = job_of(api, k, jid)
+            if isinstance(seq, Response):
+                results.append(
+                    {"ID": jid, "Status": seq.status_code, "Error": bytes(seq.body).decode()}
+                )
+                continue
+            try:
+                ledger.transition(seq, state, timeout)
+                results.append({"ID": jid, "Status": 202, "Error": ""})
+            except JobError as exc:
+                results.append({"ID": jid, "Status": 400, "Error": str(exc)})
+        return json({"Results": results})
+
+    base = "/channel/{channelId}/consumer/{consumerId}"
+    return [
+        Route(f"{base}/queued-jobs", queued_jobs, methods=["GET"]),
+        Route(f"{base}/job/{{jobId}}", job, methods=["GET", "POST", "DELETE"]),
+        Route(f"{base}/job/{{jobId}}/requeue-dead-job", requeue_dead_job, methods=["POST"]),
+        Route(f"{base}/job/{{jobId}}/touch", touch, methods=["POST"]),
+        Route(f"{base}/dlq", dlq, methods=["GET", "POST", "DELETE"]),
+        Route(f"{base}/claim", claim, methods=["POST"]),
+        Route(f"{base}/jobs", bulk, methods=["POST"]),
+    ]

@@ -1,0 +1,490 @@
+"""JetStream consumers over NATS: ``CONSUMER.*`` API, pulls, acks, push delivery.
+
+* ``$JS.API.CONSUMER.{CREATE,DURABLE.CREATE,INFO,DELETE,LIST,NAMES,PAUSE}`` are
+  registered in :class:`JetStreamApi`'s route table.
+* ``$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>``, ``$JS.ACK.>`` and ``$JS.FC.>`` are
+  internal subscriptions handled synchronously (no task per request): they are the
+  hot path.
+* This module is the consumers' :class:`DeliverySink`: it writes each delivered message
+  as ``MSG``/``HMSG`` on the message's stored subject, routed to the pull request's
+  reply inbox or the push deliver subject. Bodies come from the store's cache; on a
+  miss they are read asynchronously and everything later for that consumer (messages,
+  statuses, heartbeats) waits behind them, so a client always sees them in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import string
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from tether.engine import errors
+from tether.engine.consumer import Consumer
+from tether.engine.consumer_config import (
+    ConsumerConfig,
+    decode_request,
+    durable_mismatch,
+    durable_not_set,
+    ephemeral_with_durable,
+    filter_mismatch,
+    path_separators,
+)
+from tether.engine.consumer_registry import ConsumerRegistry
+from tether.engine.subjects import is_literal, subject_matches
+from tether.protocol.nats.commands import encode
+from tether.server.nats.jetstream import (
+    ZERO_TIME,
+    JetStreamApi,
+    NoReply,
+    parse_body,
+    parse_rfc3339,
+    rfc3339,
+)
+from tether.server.nats.router import InternalSubscription
+from tether.storage.base import MessageMeta, StoredMessage
+
+if TYPE_CHECKING:
+    from tether.server.nats.server import NatsServer
+
+log = logging.getLogger("tether.consumers")
+
+NAMES_LIMIT = 1024
+LIST_LIMIT = 256
+_READ_CHUNK = 256
+_ID_CHARS = string.ascii_letters + string.digits
+_encode_json = msgspec.json.Encoder().encode
+_NXT = b"+NXT"
+_NAK = b"-NAK"
+_TERM = b"+TERM"
+_GO_UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 10**9, "m": 60 * 10**9}
+_GO_UNITS["h"] = 3600 * 10**9
+
+
+class _NakDelay(msgspec.Struct):
+    delay: int = 0
+
+
+_decode_nak = msgspec.json.Decoder(_NakDelay).decode
+
+
+def parse_go_duration(text: str) -> int:
+    """Go's ``time.ParseDuration`` for the forms clients send (``1.5s``, ``1m30s``, ``250ms``)."""
+    total = 0.0
+    i = 0
+    n = len(text)
+    if n == 0:
+        raise ValueError("empty duration")
+    while i < n:
+        j = i
+        while j < n and (text[j].isdigit() or text[j] == "."):
+            j += 1
+        if j == i:
+            raise ValueError(text)
+        number = float(text[i:j])
+        k = j
+        while k < n and not (text[k].isdigit() or text[k] == "."):
+            k += 1
+        unit = text[j:k]
+        if unit not in _GO_UNITS:
+            raise ValueError(text)
+        total += number * _GO_UNITS[unit]
+        i = k
+    return int(total)
+
+
+class _Outbox:
+    """What waits behind a slow read, per consumer: (to, meta, reply, block)."""
+
+    __slots__ = ("items", "task")
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[str, MessageMeta | None, str, bytes | None]] = deque()
+        self.task: asyncio.Task[None] | None = None
+
+
+class ConsumerApi:
+    """The NATS face of the consumer registry."""
+
+    def __init__(
+        self, api: JetStreamApi, registry: ConsumerRegistry, server: NatsServer | None = None
+    ) -> None:
+        self.api = api
+        self.router = api.router
+        self.broker = api.broker
+        self.registry = registry
+        self.server = server
+        registry.sink = self
+        self._subs: list[InternalSubscription] = []
+        self._outboxes: dict[int, _Outbox] = {}
+        self._subject_bytes: dict[str, bytes] = {}
+        self._register_routes()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        sub = self.router.subscribe_internal
+        self._subs = [
+            sub("$JS.API.CONSUMER.MSG.NEXT.*.*", self._on_next),
+            sub("$JS.ACK.>", self._on_ack),
+            sub("$JS.FC.>", self._on_flow_control),
+        ]
+        if self.server is not None:
+            self.server.watch_interest(self._on_interest)
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            self.router.unsubscribe_internal(sub)
+        self._subs = []
+        tasks = [o.task for o in self._outboxes.values() if o.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._outboxes.clear()
+
+    def _register_routes(self) -> None:
+        route = self.api.route
+        paged = {"total": 0, "offset": 0, "limit": 0}
+        route(("CONSUMER", "CREATE"), "consumer_create_response", self._create)
+        route(("CONSUMER", "DURABLE", "CREATE"), "consumer_create_response", self._create_durable)
+        route(("CONSUMER", "INFO"), "consumer_info_response", self._info)
+        route(("CONSUMER", "DELETE"), "consumer_delete_response", self._delete)
+        route(("CONSUMER", "NAMES"), "consumer_names_response", self._names, paged)
+        route(("CONSUMER", "LIST"), "consumer_list_response", self._list, paged)
+        route(
+            ("CONSUMER", "PAUSE"),
+            "consumer_pause_response",
+            self._pause,
+            {"paused": False, "pause_until": ZERO_TIME},
+        )
+
+    # -- API handlers ----------------------------------------------------------------------------------
+    async def _create(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        if not args or not args[0]:
+            raise NoReply
+        stream = args[0]
+        req = decode_request(p if p.strip() else b"{}")
+        config = req.config
+        filtered = ""
+        if len(args) == 1:
+            name = config.name
+        else:
+            name = args[1]
+            filtered = ".".join(args[2:])
+        if stream != req.stream_name:
+            raise errors.stream_name_mismatch()
+        if "\\" in name or "/" in name:
+            raise path_separators()
+        if len(args) == 1:
+            if config.durable_name:
+                raise ephemeral_with_durable()
+        else:
+            if config.durable_name and config.durable_name != name:
+                raise durable_mismatch()
+            config.name = name
+        if filtered and config.filter_subjects:
+            raise errors.ApiError(
+                400, 10137, "consumer with multiple subject filters cannot use subject based API"
+            )
+        if filtered and config.filter_subject != filtered:
+            raise filter_mismatch()
+        return await self._do_create(stream, config, req.action)
+
+    async def _create_durable(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        if len(args) != 2:
+            raise errors.ApiError(
+                400, 10016, "consumer expected to be durable but no durable name set in subject"
+            )
+        stream, name = args
+        req = decode_request(p if p.strip() else b"{}")
+        if stream != req.stream_name:
+            raise errors.stream_name_mismatch()
+        if "\\" in name or "/" in name:
+            raise path_separators()
+        config = req.config
+        if not config.durable_name:
+            raise durable_not_set()
+        if config.durable_name != name:
+            raise durable_mismatch()
+        config.name = name
+        return await self._do_create(stream, config, req.action)
+
+    async def _do_create(self, stream: str, config: ConsumerConfig, action: str) -> Any:
+        if config.num_replicas > 1:
+            raise errors.ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
+        consumer, created = await self.registry.create(stream, config, action, activate=False)
+        info = self.info(consumer)
+        if created and not consumer.is_pull:
+            # Deliveries start after the reply has gone out, as on nats-server.
+            self.broker.clock.call_later(0, lambda: self.registry.activate(consumer))
+        return info
+
+    @staticmethod
+    def _two_names(args: list[str]) -> tuple[str, str]:
+        if len(args) != 2 or not args[0] or not args[1]:
+            raise NoReply
+        return args[0], args[1]
+
+    async def _info(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        stream, name = self._two_names(args)
+        return self.info(self.registry.get(stream, name))
+
+    async def _delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        stream, name = self._two_names(args)
+        await self.registry.delete(stream, name)
+        return {"success": True}
+
+    def _page(self, args: list[str], p: bytes) -> tuple[list[Consumer], int]:
+        if len(args) != 1 or not args[0]:
+            raise NoReply
+        req = parse_body(p)
+        offset = req.get("offset") or 0
+        if not isinstance(offset, int):
+            raise errors.invalid_json("offset must be an integer")
+        consumers = self.registry.consumers_of(args[0])
+        return consumers, max(0, min(offset, len(consumers)))
+
+    async def _names(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        consumers, offset = self._page(args, p)
+        page = [c.name for c in consumers[offset : offset + NAMES_LIMIT]]
+        return {
+            "total": len(consumers),
+            "offset": offset,
+            "limit": NAMES_LIMIT,
+            "consumers": page or None,
+        }
+
+    async def _list(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        consumers, offset = self._page(args, p)
+        page = [self.info(c, typed=False) for c in consumers[offset : offset + LIST_LIMIT]]
+        return {
+            "total": len(consumers),
+            "offset": offset,
+            "limit": LIST_LIMIT,
+            "consumers": page or None,
+        }
+
+    async def _pause(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        stream, name = self._two_names(args)
+        req = parse_body(p)
+        raw = req.get("pause_until") or ""
+        try:
+            until = parse_rfc3339(raw) if raw else 0
+        except (ValueError, TypeError):
+            raise errors.invalid_json(f"parsing time {raw!r}") from None
+        until = max(until, 0)
+        await self.registry.pause(stream, name, until)
+        now = self.broker.clock.now()
+        out: dict[str, Any] = {"paused": until > now, "pause_until": rfc3339(until)}
+        if until > now:
+            out["pause_remaining"] = until - now
+        return out
+
+    def info(self, consumer: Consumer, typed: bool = True) -> dict[str, Any]:
+        """``consumer_info`` as nats-server shapes it."""
+        now = self.broker.clock.now()
+        dseq, dsseq = consumer.delivered
+        fseq, fsseq = consumer.ack_floor
+        delivered: dict[str, Any] = {"consumer_seq": dseq, "stream_seq": dsseq}
+        if consumer.last_delivered_ns:
+            delivered["last_active"] = rfc3339(consumer.last_delivered_ns)
+        floor: dict[str, Any] = {"consumer_seq": fseq, "stream_seq": fsseq}
+        if consumer.last_ack_ns:
+            floor["last_active"] = rfc3339(consumer.last_ack_ns)
+        out: dict[str, Any] = {
+            "stream_name": consumer.stream.name,
+            "name": consumer.name,
+            "created": rfc3339(consumer.created_ns),
+            "config": consumer.config.to_dict(),
+            "delivered": delivered,
+            "ack_floor": floor,
+            "num_ack_pending": consumer.num_ack_pending,
+            "num_redelivered": consumer.num_redelivered,
+            "num_waiting": consumer.count_waiting() if consumer.is_pull else 0,
+            "num_pending": consumer.num_pending,
+        }
+        if not consumer.is_pull and self.has_interest(consumer.config.deliver_subject):
+            out["push_bound"] = True
+        if consumer.paused:
+            out["paused"] = True
+            out["pause_remaining"] = consumer.paused_until - now
+        out["ts"] = rfc3339(now)
+        return out
+
+    # -- pulls, acks, flow control ----------------------------------------------------------------------
+    def _on_next(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
+        if not reply:
+            return
+        tokens = subject.split(".")
+        consumer = self.registry.find(tokens[5], tokens[6])
+        if consumer is None:
+            # nats-server has no subscriber for it: the requester gets no-responders.
+            block = b"NATS/1.0 503\r\nNats-Subject: " + encode(subject) + b"\r\n\r\n"
+            self.router.publish(None, reply, "", block, b"")
+            return
+        consumer.pull(reply, payload)
+
+    def _on_ack(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
+        tokens = subject.split(".")
+        n = len(tokens)
+        if n == 9:
+            stream, name, seq_token = tokens[2], tokens[3], tokens[5]
+        elif n >= 11:
+            stream, name, seq_token = tokens[4], tokens[5], tokens[7]
+        else:
+            return
+        consumer = self.registry.find(stream, name)
+        if consumer is None or not seq_token.isdigit():
+            if reply and consumer is None:
+                block = b"NATS/1.0 503\r\nNats-Subject: " + encode(subject) + b"\r\n\r\n"
+                self.router.publish(None, reply, "", block, b"")
+            return
+        seq = int(seq_token)
+        body = payload
+        if not body or body == b"+ACK" or body == b"+OK":
+            consumer.ack(seq)
+        elif body.startswith(_NXT):
+            consumer.ack(seq)
+            if reply:
+                consumer.pull(reply, body[len(_NXT) :])
+            return
+        elif body.startswith(_NAK):
+            consumer.nak(seq, _nak_delay(body[len(_NAK) :].strip()))
+        elif body == b"+WPI":
+            consumer.progress(seq)
+        elif body.startswith(_TERM):
+            reason = body[len(_TERM) :].strip().decode("utf-8", "replace")
+            consumer.term(seq, reason)
+        else:
+            return
+        if reply:
+            self.router.publish(None, reply, "", None, b"")
+
+    def _on_flow_control(
+        self, subject: str, reply: str, headers: bytes | None, payload: bytes
+    ) -> None:
+        tokens = subject.split(".")
+        if len(tokens) < 5:
+            return
+        consumer = self.registry.find(tokens[2], tokens[3])
+        if consumer is not None:
+            consumer.flow_control_reply(subject)
+
+    def _on_interest(self, subject: str) -> None:
+        if is_literal(subject):
+
+            def matches(s: str) -> bool:
+                return s == subject
+
+        else:
+
+            def matches(s: str) -> bool:
+                return subject_matches(subject, s)
+
+        self.registry.interest_changed(subject, matches)
+
+    # -- DeliverySink ---------------------------------------------------------------------------------------
+    def deliver(self, consumer: Consumer, to: str, meta: MessageMeta, reply: str) -> None:
+        outbox = self._outboxes.get(id(consumer))
+        if outbox is None:
+            msg = self.broker.store.cached(consumer.stream.name, meta.seq)
+            if msg is not None:
+                self._send(consumer, to, msg, reply)
+                return
+            outbox = self._outboxes[id(consumer)] = _Outbox()
+        outbox.items.append((to, meta, reply, None))
+        if outbox.task is None:
+            outbox.task = asyncio.ensure_future(self._drain(consumer, outbox))
+
+    def control(self, consumer: Consumer, to: str, block: bytes, reply: str = "") -> None:
+        outbox = self._outboxes.get(id(consumer))
+        if outbox is not None:
+            outbox.items.append((to, None, reply, block))
+            return
+        self.router.publish(None, to, reply, block, b"")
+
+    def advisory(self, subject: str, body: dict[str, Any]) -> None:
+        if not self.router.has_interest(subject):
+            return
+        event = {
+            "type": body.pop("type"),
+            "id": "".join(secrets.choice(_ID_CHARS) for _ in range(22)),
+            "timestamp": rfc3339(self.broker.clock.now()),
+            **body,
+        }
+        self.router.publish(None, subject, "", None, _encode_json(event))
+
+    def has_interest(self, subject: str) -> bool:
+        return self.router.has_interest(subject)
+
+    def backlog(self, consumer: Consumer) -> int:
+        outbox = self._outboxes.get(id(consumer))
+        return len(outbox.items) if outbox is not None else 0
+
+    def _send(self, consumer: Consumer, to: str, msg: StoredMessage, reply: str) -> None:
+        headers: bytes | None = msg.headers or None
+        data = msg.data
+        if consumer.config.headers_only:
+            base = msg.headers[:-2] if msg.headers else b"NATS/1.0\r\n"
+            headers = base + b"Nats-Msg-Size: %d\r\n\r\n" % len(data)
+            data = b""
+        subject = msg.subject
+        sb = self._subject_bytes.get(subject)
+        if sb is None:
+            if len(self._subject_bytes) > 4096:
+                self._subject_bytes.clear()
+            sb = self._subject_bytes[subject] = encode(subject)
+        m = self.router.index.match(to)
+        rb = reply.encode()
+        for sub in m.plain:
+            sub.deliver(subject, reply, headers, data, sb, rb)
+        for members in m.groups:
+            member = members[0] if len(members) == 1 else secrets.choice(members)
+            member.deliver(subject, reply, headers, data, sb, rb)
+
+    async def _drain(self, consumer: Consumer, outbox: _Outbox) -> None:
+        """Send what waits behind slow reads, in order."""
+        items = outbox.items
+        try:
+            while items:
+                # Items are only ever appended, so the chunk stays at the front while we read.
+                chunk = list(itertools.islice(items, _READ_CHUNK))
+                seqs = [meta.seq for _, meta, _, _ in chunk if meta is not None]
+                loaded: dict[int, StoredMessage] = {}
+                if seqs:
+                    try:
+                        for msg in await self.broker.read_many(consumer.stream, seqs):
+                            loaded[msg.seq] = msg
+                    except Exception:
+                        log.exception("reading messages for %s failed", consumer)
+                for to, meta, reply, block in chunk:
+                    items.popleft()
+                    if meta is not None:
+                        found = loaded.get(meta.seq)
+                        if found is not None and not consumer.deleted:
+                            self._send(consumer, to, found, reply)
+                    elif block is not None:
+                        self.router.publish(None, to, reply, block, b"")
+        finally:
+            outbox.task = None
+            if self._outboxes.get(id(consumer)) is outbox and not items:
+                del self._outboxes[id(consumer)]
+        if not consumer.deleted:
+            consumer.sink_drained()
+
+
+def _nak_delay(arg: bytes) -> int:
+    """``-NAK {"delay": ns}`` or ``-NAK 5s``; a bad value means a plain nak (as nats-server)."""
+    if not arg:
+        return 0
+    try:
+        if arg[:1] == b"{":
+            return max(_decode_nak(arg).delay, 0)
+        return max(parse_go_duration(arg.decode()), 0)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, UnicodeDecodeError):
+        return 0

@@ -1,0 +1,1 @@
+"""Push delivery of jobs to webhook callbacks."""

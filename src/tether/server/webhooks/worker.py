@@ -1,0 +1,195 @@
+"""Push delivery: POST each job of a push consumer to its callback URL.
+
+One worker per push consumer claims jobs from its ledger (highest priority first, then
+oldest) and keeps at most ``concurrency`` deliveries in flight. A 2xx answer delivers
+the job; a timeout, a connection error or any other status is a failed attempt, retried
+after webhook-broker's backoff (5, 30, 60 s, then linear) until ``max_retry`` retries
+have failed, when the job is DEAD. The request carries webhook-broker's headers.
+
+While a delivery is in flight its job is INFLIGHT with a deadline past the connection
+timeout, so a worker that vanishes (crash) cannot lose it: after a restart the ledger's
+in-flight jobs are queued again (:meth:`JobLedger.recover_in_flight`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass
+
+import httpx
+
+from tether.engine.jobs import Job
+from tether.engine.jobs_registry import Consumer
+from tether.engine.jobs_service import WebhookService
+
+log = logging.getLogger("tether.webhook")
+
+
+@dataclass(slots=True)
+class PushSettings:
+    connection_timeout: float = 30.0
+    token_header: str = "X-Broker-Consumer-Token"
+    user_agent: str = "Webhook Message Broker"
+    concurrency: int = 16
+
+
+class PushDelivery:
+    """The workers of every push consumer, sharing one HTTP client."""
+
+    def __init__(self, service: WebhookService, settings: PushSettings) -> None:
+        self.service = service
+        self.settings = settings
+        self.workers: dict[tuple[str, str], ConsumerWorker] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        for consumer in list(self.service.registry.consumers.values()):
+            if consumer.type == "push":
+                self.service.ledger(consumer).recover_in_flight()
+                self._start(consumer)
+
+    def _start(self, consumer: Consumer) -> None:
+        key = (consumer.channel, consumer.id)
+        worker = self.workers.get(key)
+        if worker is None:
+            worker = self.workers[key] = ConsumerWorker(self, key)
+            worker.start()
+        worker.wake()
+
+    def on_consumer(self, consumer: Consumer, alive: bool) -> None:
+        """A consumer was created, changed (maybe its type) or deleted."""
+        key = (consumer.channel, consumer.id)
+        if alive and consumer.type == "push":
+            self._start(consumer)
+            return
+        worker = self.workers.pop(key, None)
+        if worker is not None:
+            worker.stop()
+            task = asyncio.ensure_future(self._close(worker))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close(self, worker: ConsumerWorker) -> None:
+        await worker.join()
+        await worker.client.aclose()
+
+    def wake(self, consumer: Consumer) -> None:
+        worker = self.workers.get((consumer.channel, consumer.id))
+        if worker is not None:
+            worker.wake()
+
+    async def stop(self) -> None:
+        workers = list(self.workers.values())
+        self.workers.clear()
+        for worker in workers:
+            worker.stop()
+        for worker in workers:
+            await self._close(worker)
+        for task in list(self._closing):
+            await task
+
+
+class ConsumerWorker:
+    """Delivers one push consumer's jobs."""
+
+    def __init__(self, owner: PushDelivery, key: tuple[str, str]) -> None:
+        self.owner = owner
+        self.key = key
+        self._event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._flying: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        # One client per consumer, its pool as large as its concurrency: httpcore scans
+        # its whole pool on every request, so one big shared pool costs O(n) per request.
+        size = max(1, owner.settings.concurrency)
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(owner.settings.connection_timeout),
+            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            follow_redirects=False,
+        )
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+        for task in self._flying:
+            task.cancel()
+
+    async def join(self) -> None:
+        tasks = [t for t in (self._task, *self._flying) if t is not None]
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        service = self.owner.service
+        limit = max(1, self.owner.settings.concurrency)
+        while not self._stopping:
+            self._event.clear()
+            consumer = service.registry.consumers.get(self.key)
+            ledger = service.ledgers.get(self.key)
+            if consumer is None or ledger is None or consumer.type != "push":
+                return
+            free = limit - len(self._flying)
+            jobs = ledger.claim(free) if free > 0 else []
+            for job in jobs:
+                task = asyncio.ensure_future(self._deliver(consumer, job))
+                self._flying.add(task)
+                task.add_done_callback(self._done)
+            if not jobs or len(self._flying) >= limit:
+                await self._event.wait()
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._flying.discard(task)
+        self._event.set()
+
+    async def _deliver(self, consumer: Consumer, job: Job) -> None:
+        service = self.owner.service
+        ledger = service.ledgers.get(self.key)
+        if ledger is None:
+            return
+        ok = False
+        try:
+            ok = await self._post(consumer, job)
+        except asyncio.CancelledError:
+            raise  # stopping: the job stays in flight and is recovered on restart
+        except Exception as exc:  # any failure of one delivery is a failed attempt
+            log.debug("delivery to %s failed: %s", consumer.callback, exc)
+        if ok:
+            service.counters.deliveries_ok += 1
+            ledger.deliver(job.seq)
+        else:
+            service.counters.deliveries_failed += 1
+            ledger.fail(job.seq)
+
+    async def _post(self, consumer: Consumer, job: Job) -> bool:
+        service = self.owner.service
+        settings = self.owner.settings
+        view = await service.read(consumer.channel, job.seq)
+        if view is None:
+            return True  # the message is gone: nothing left to deliver
+        headers = {
+            "Content-Type": view.content_type,
+            "X-Broker-Message-Priority": str(view.priority),
+            "X-Broker-Channel-ID": consumer.channel,
+            "X-Broker-Consumer-ID": consumer.id,
+            settings.token_header: service.registry.consumer_token(consumer),
+            "User-Agent": settings.user_agent,
+            "X-Request-ID": secrets.token_hex(10),
+            "X-Broker-Message-ID": view.message_id,
+        }
+        for name, value in view.metadata.items():
+            headers[name] = value
+        headers["X-Broker-Metadata-Headers"] = ",".join(sorted(view.metadata))
+        response = await self.client.post(consumer.callback, content=view.payload, headers=headers)
+        await response.aclose()
+        return 200 <= response.status_code <= 299

@@ -1,0 +1,296 @@
+"""The broker's stream side: group-committed publishes, limits on storage, max_age timers,
+dedup across restarts and what a failed commit leaves behind. Time is a FakeClock."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.engine.broker import Broker, PubAck
+from tether.engine.clock import FakeClock
+from tether.engine.errors import ApiError
+from tether.storage.base import StorageError, Store
+from tether.storage.group_commit import Batch
+from tether.storage.memory import MemoryStore
+from tether.storage.sqlite import SqliteStore
+
+NS = 1_000_000_000
+
+
+class FlakyStore(MemoryStore):
+    """A memory store whose commits fail while ``full`` is set (a full disk)."""
+
+    full = False
+
+    def _hand_off(self, batch: Batch) -> None:
+        if self.full:
+            self._group.settle(batch, StorageError("database or disk is full"))
+        else:
+            super()._hand_off(batch)
+
+
+def body(**config: Any) -> bytes:
+    return json.dumps(config).encode()
+
+
+class Publisher:
+    """Publishes through the broker and collects what each publisher is told."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.results: list[PubAck | ApiError] = []
+
+    def __call__(
+        self, stream: str, subject: str, payload: bytes = b"x", headers: bytes | None = None
+    ) -> None:
+        self.broker.publish(
+            self.broker.get_stream(stream), subject, headers, payload, self.results.append
+        )
+
+    async def settle(self) -> list[PubAck | ApiError]:
+        with contextlib.suppress(StorageError):  # a failed commit is what some tests want
+            await self.broker.store.flush()
+        out, self.results = self.results, []
+        return out
+
+
+def hdrs(**headers: str) -> bytes:
+    lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    return f"NATS/1.0\r\n{lines}\r\n".encode()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[FlakyStore]:
+    store = FlakyStore()
+    await store.open()
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def broker(store: Store, clock: FakeClock) -> AsyncIterator[Broker]:
+    broker = Broker(store, clock)
+    await broker.load()
+    yield broker
+    broker.close()
+
+
+async def test_a_pub_ack_waits_for_the_commit(broker: Broker) -> None:
+    await broker.create_stream("S", body(name="S", subjects=["s.>"]))
+    pub = Publisher(broker)
+    pub("S", "s.a", b"one")
+    pub("S", "s.b", b"two")
+    assert pub.results == []  # nothing is acknowledged before its commit is durable
+    assert await pub.settle() == [PubAck("S", 1), PubAck("S", 2)]
+    stored = await broker.store.read("S", 2)
+    assert stored is not None and stored.data == b"two"
+
+
+async def test_identical_create_is_not_a_second_stream(broker: Broker) -> None:
+    _, created = await broker.create_stream("S", body(name="S"))
+    again, created_again = await broker.create_stream("S", body(name="S"))
+    assert (created, created_again) == (True, False)
+    assert again is broker.get_stream("S")
+    with pytest.raises(ApiError) as excinfo:
+        await broker.create_stream("S", body(name="S", max_msgs=1))
+    assert excinfo.value.err_code == 10058
+    with pytest.raises(ApiError) as excinfo:
+        await broker.create_stream("T", body(name="T", subjects=["S"]))
+    assert excinfo.value.err_code == 10065
+
+
+async def test_limits_delete_from_storage_too(broker: Broker) -> None:
+    await broker.create_stream("S", body(name="S", max_msgs=2))
+    pub = Publisher(broker)
+    for _ in range(4):
+        pub("S", "S")
+    await pub.settle()
+    assert [m.seq for m in await broker.store.read_range("S", 1, 10)] == [3, 4]
+    await broker.update_stream("S", body(name="S", max_msgs=1))
+    await broker.store.flush()
+    assert [m.seq for m in await broker.store.read_range("S", 1, 10)] == [4]
+
+
+async def test_sealed_deny_delete_and_deny_purge(broker: Broker) -> None:
+    await broker.create_stream("S", body(name="S", deny_delete=True, deny_purge=True))
+    pub = Publisher(broker)
+    pub("S", "S")
+    await pub.settle()
+    with pytest.raises(ApiError) as excinfo:
+        await broker.delete_message("S", 1)
+    assert (excinfo.value.err_code, excinfo.value.description) == (
+        10057,
+        "message delete not permitted",
+    )
+    with pytest.raises(ApiError) as excinfo:
+        await broker.purge_stream("S", "", 0, 0)
+    assert excinfo.value.err_code == 10110
+    await broker.update_stream("S", body(name="S", deny_delete=True, deny_purge=True, sealed=True))
+    pub("S", "S")
+    (result,) = await pub.settle()
+    assert isinstance(result, ApiError) and result.err_code == 10109
+    with pytest.raises(ApiError) as excinfo:
+        await broker.delete_message("S", 1)
+    assert excinfo.value.err_code == 10109
+
+
+async def test_message_delete_tells_apart_every_kind_of_missing(broker: Broker) -> None:
+    await broker.create_stream("S", body(name="S"))
+    pub = Publisher(broker)
+    for _ in range(4):
+        pub("S", "S")
+    await pub.settle()
+    await broker.purge_stream("S", "", 2, 0)  # removes 1
+    await broker.delete_message("S", 3)
+    cases = {0: 10057, 1: 10057, 3: 10043, 9: 10057}
+    for seq, err_code in cases.items():
+        with pytest.raises(ApiError) as excinfo:
+            await broker.delete_message("S", seq)
+        assert excinfo.value.err_code == err_code, seq
+    assert await broker.store.read("S", 3) is None
+
+
+async def test_rollup_needs_permission_and_purges_in_storage(broker: Broker) -> None:
+    await broker.create_stream("S", body(name="S", subjects=["s.>"]))
+    await broker.create_stream("R", body(name="R", subjects=["r.>"], allow_rollup_hdrs=True))
+    pub = Publisher(broker)
+    pub("S", "s.a", headers=hdrs(Nats_Rollup="sub"))
+    for _ in range(3):
+        pub("R", "r.a")
+    pub("R", "r.b")
+    pub("R", "r.a", b"latest", hdrs(Nats_Rollup="sub"))
+    results = await pub.settle()
+    assert isinstance(results[0], ApiError) and results[0].err_code == 10111
+    assert [m.seq for m in await broker.store.read_range("R", 1, 10)] == [4, 5]
+
+
+async def test_max_age_expires_on_the_timer(broker: Broker, clock: FakeClock) -> None:
+    await broker.create_stream("S", body(name="S", max_age=2 * NS))
+    pub = Publisher(broker)
+    pub("S", "S", b"old")
+    await pub.settle()
+    clock.advance(1)
+    pub("S", "S", b"new")
+    await pub.settle()
+    clock.advance(1.5)  # the first is 2.5 s old, the second 1.5 s
+    stream = broker.get_stream("S")
+    assert list(stream.seqs(0)) == [2]
+    clock.advance(1)
+    assert len(stream) == 0
+    await broker.store.flush()
+    assert await broker.store.read_range("S", 1, 10) == []
+
+
+async def test_dedup_window_runs_on_the_clock(broker: Broker, clock: FakeClock) -> None:
+    await broker.create_stream("S", body(name="S", duplicate_window=NS))
+    pub = Publisher(broker)
+    pub("S", "S", headers=hdrs(Nats_Msg_Id="a"))
+    pub("S", "S", headers=hdrs(Nats_Msg_Id="a"))
+    assert await pub.settle() == [PubAck("S", 1), PubAck("S", 1, duplicate=True)]
+    clock.advance(1.5)
+    pub("S", "S", headers=hdrs(Nats_Msg_Id="a"))
+    assert await pub.settle() == [PubAck("S", 2)]
+
+
+async def test_a_failed_commit_is_reported_and_leaves_nothing_behind(
+    broker: Broker, store: FlakyStore
+) -> None:
+    await broker.create_stream("S", body(name="S"))
+    pub = Publisher(broker)
+    pub("S", "S", b"kept", hdrs(Nats_Msg_Id="a"))
+    await pub.settle()
+    store.full = True
+    pub("S", "S", b"lost", hdrs(Nats_Msg_Id="b"))
+    pub("S", "S", b"lost", hdrs(Nats_Msg_Id="b"))  # a duplicate of a message being lost
+    failed, failed_dup = await pub.settle()
+    assert isinstance(failed_dup, ApiError)
+    assert isinstance(failed, ApiError)
+    assert (failed.code, failed.err_code) == (503, 10077)
+    assert "disk is full" in failed.description
+    stream = broker.get_stream("S")
+    assert list(stream.seqs(0)) == [1]
+    store.full = False
+    pub("S", "S", b"retried", hdrs(Nats_Msg_Id="b"))  # not a duplicate of the lost one
+    (ack,) = await pub.settle()
+    assert ack == PubAck("S", 2)  # the failed message gave its sequence back
+    stored = await store.read("S", ack.seq)
+    assert stored is not None and stored.data == b"retried"
+    kept = await store.read("S", 1)
+    assert kept is not None and kept.data == b"kept"
+
+
+async def test_a_failed_stream_create_does_not_linger(broker: Broker, store: FlakyStore) -> None:
+    store.full = True
+    with pytest.raises(ApiError) as excinfo:
+        await broker.create_stream("S", body(name="S"))
+    assert excinfo.value.err_code == 10077
+    assert "S" not in broker.streams
+
+
+async def test_restart_restores_dedup_sequences_and_expiry(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = SqliteStore(tmp_path)
+    await store.open()
+    broker = Broker(store, clock)
+    await broker.load()
+    await broker.create_stream("S", body(name="S", subjects=["s.>"], max_age=60 * NS))
+    await broker.create_stream("F", body(name="F", first_seq=10))
+    pub = Publisher(broker)
+    pub("S", "s.a", b"1", hdrs(Nats_Msg_Id="a"))
+    clock.advance(30)
+    pub("S", "s.b", b"2", hdrs(Nats_Msg_Id="b"))
+    pub("S", "s.b", b"3")
+    await pub.settle()
+    await broker.delete_message("S", 3)  # the tail: last_seq must survive it
+    broker.close()
+    await store.close()
+
+    clock.advance(40)  # the first message is now past max_age
+    store = SqliteStore(tmp_path)
+    await store.open()
+    broker = Broker(store, clock)
+    await broker.load()
+    try:
+        stream = broker.get_stream("S")
+        assert list(stream.seqs(0)) == [2]
+        assert stream.last_seq == 3
+        assert stream.duplicate_of("b", clock.now()) == 2
+        assert broker.get_stream("F").first_seq == 10
+        await store.flush()
+        assert [m.seq for m in await store.read_range("S", 1, 10)] == [2]
+        pub = Publisher(broker)
+        pub("S", "s.c")
+        pub("F", "F")
+        assert await pub.settle() == [PubAck("S", 4), PubAck("F", 10)]
+    finally:
+        broker.close()
+        await store.close()
+
+
+async def test_numbering_moved_forward_by_a_purge_survives_a_restart(tmp_path: Path) -> None:
+    clock = FakeClock()
+    for expected in (1, 20):
+        store = SqliteStore(tmp_path)
+        await store.open()
+        broker = Broker(store, clock)
+        await broker.load()
+        try:
+            if expected == 1:
+                await broker.create_stream("S", body(name="S"))
+            pub = Publisher(broker)
+            pub("S", "S")
+            assert await pub.settle() == [PubAck("S", expected)]
+            await broker.purge_stream("S", "", 20 if expected == 1 else 0, 0)
+        finally:
+            broker.close()
+            await store.close()
