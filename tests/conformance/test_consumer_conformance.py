@@ -173,14 +173,18 @@ class Session:
         for i in range(n):
             await self.nc.request(subject, data + b"%d" % i, timeout=2)
 
-    async def pull(self, stream: str, consumer: str, body: Any = b"", wait: float = 0.15) -> None:
+    async def pull(self, stream: str, consumer: str, body: Any = b"", wait: float = 1.0) -> None:
+        """A pull request; replies are collected until a status ends it, the batch is
+        complete (plus a moment for a trailing status), or ``wait`` passes."""
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        batch = _batch_of(data)
         await self.nc.publish(f"{API}.CONSUMER.MSG.NEXT.{stream}.{consumer}", data, reply=inbox)
         got: list[Any] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
+        delivered = 0
         while (left := deadline - loop.time()) > 0:
             try:
                 msg = await sub.next_msg(timeout=left)
@@ -188,7 +192,12 @@ class Session:
                 break
             if msg.reply.startswith("$JS.ACK."):
                 self.acks[int(msg.reply.split(".")[5])] = msg.reply
+                delivered += 1
+                if delivered == batch:
+                    deadline = min(deadline, loop.time() + 0.1)
             got.append(observe(msg))
+            if got[-1][0] == "status" and got[-1][1] in ("400", "404", "408", "409"):
+                break
         await sub.unsubscribe()
         self.log.append(got)
 
@@ -225,6 +234,16 @@ class Session:
     async def consumer(self, stream: str, name: str, **config: Any) -> None:
         body = {"stream_name": stream, "config": {"durable_name": name, **config}}
         await self.req(f"{API}.CONSUMER.CREATE.{stream}.{name}", body)
+
+
+def _batch_of(body: bytes) -> int:
+    text = body.strip()
+    if text.startswith(b"{"):
+        try:
+            return max(int(json.loads(text).get("batch") or 1), 1)
+        except ValueError:
+            return 1
+    return int(text) if text.isdigit() else 1
 
 
 async def run(url: str, scenario: Any) -> list[Any]:
@@ -273,8 +292,8 @@ async def pull_and_ack(s: Session) -> None:
 async def statuses(s: Session) -> None:
     await s.stream("T", subjects=["t.>"])
     await s.consumer("T", "C", ack_policy="explicit", max_waiting=1)
-    await s.pull("T", "C", {"batch": 1, "expires": 100_000_000}, wait=0.3)
-    await s.pull("T", "C", {"batch": 1, "no_wait": True, "expires": 100_000_000}, wait=0.3)
+    await s.pull("T", "C", {"batch": 1, "expires": 100_000_000})
+    await s.pull("T", "C", {"batch": 1, "no_wait": True, "expires": 100_000_000})
     await s.pull("T", "C", {"batch": 1, "expires": 100_000_000, "idle_heartbeat": 80_000_000})
     await s.pull("T", "C", b"{bad")
     await s.pub("t.a", 2)

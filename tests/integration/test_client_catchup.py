@@ -133,3 +133,23 @@ async def test_restart_falls_back_to_pull_without_gaps(server: PeerServer) -> No
             await seen.reach(last, 20)
         assert catchup.resyncs >= 1
         assert seen.seqs == list(range(1, last + 1))
+
+
+async def test_a_failing_handler_ends_the_subscription(server: PeerServer) -> None:
+    async with await connect(server.url) as nc:
+        js = nc.jetstream()
+        name = f"C{next(_names)}"
+        await js.add_stream(name=name, subjects=[f"{name.lower()}.>"])
+        for i in range(1, 11):
+            await js.publish(f"{name.lower()}.e", b"%d" % i)
+
+        def handler(msg: JsMsg) -> None:
+            if msg.metadata.stream_seq == 5:
+                raise ValueError("cannot handle 5")
+
+        catchup = CatchUpSubscription(js, name, handler)
+        await catchup.start()
+        with pytest.raises(ValueError, match="cannot handle 5"):
+            await asyncio.wait_for(catchup.wait(), 10)
+        assert catchup.last_seq == 4 and catchup.phase == "failed"
+        await catchup.stop()  # resume later from catchup.last_seq + 1

@@ -460,3 +460,20 @@ async def test_stream_delete_ends_waiting_pulls(js: JetStreamContext, nc: Client
         "409",
         "Consumer Deleted",
     )
+
+
+async def test_requests_go_when_their_inbox_goes(js: JetStreamContext, nc: Client) -> None:
+    s = await stream(js)
+    await js.add_consumer(s.upper(), cfg(durable_name="D", ack_policy="explicit"))
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    subject = f"$JS.API.CONSUMER.MSG.NEXT.{s.upper()}.D"
+    await nc.publish(subject, b'{"batch": 5, "expires": 10000000000}', reply=inbox)
+    await nc.flush()
+    assert (await js.consumer_info(s.upper(), "D")).num_waiting == 1
+    await sub.unsubscribe()
+    await nc.flush()
+    assert (await js.consumer_info(s.upper(), "D")).num_waiting == 0
+    await publish(js, f"{s}.a", 1)  # nobody is waiting: it stays pending
+    info = await js.consumer_info(s.upper(), "D")
+    assert (info.num_pending, info.num_ack_pending) == (1, 0)

@@ -342,3 +342,30 @@ async def test_unexpected_status_on_the_wildcard_is_ignored(setup: Setup) -> Non
     await peer.expect("PUB")
     peer.send(msg(wild_sid, 3))
     assert (await asyncio.wait_for(task, 2))[0].metadata.stream_seq == 3
+
+
+async def test_a_pull_made_while_reconnecting_is_sent_once() -> None:
+    async with ScriptedServer() as srv:
+        down = asyncio.Event()
+        nc = await connect(
+            srv.url, reconnect_backoff=Backoff(0.01, 0.05, 2, 0), disconnected_cb=down.set
+        )
+        peer = await srv.connection()
+        sub = await nc.jetstream().pull_subscribe("bar", "dur")
+        await peer.expect("SUB")
+        await srv.stop_listening()
+        peer.abort()
+        await asyncio.wait_for(down.wait(), 2)
+        task = asyncio.create_task(sub.fetch(2, timeout=5.0))
+        await asyncio.sleep(0)  # the fetch runs: its request waits in the reconnect buffer
+        await srv.start()
+        again = await srv.connection()
+        wild, inbox_sub = await again.expect("SUB"), await again.expect("SUB")
+        inbox, sid = inbox_sub.args
+        assert wild.args[0].endswith(".*")
+        assert (await again.expect("PUB")).payload == b'{"batch":2,"no_wait":true}'
+        again.send(msg(sid, 1) + msg(sid, 2))
+        assert len(await asyncio.wait_for(task, 2)) == 2
+        pulls = [f for f in again.frames if f.op == "PUB" and f.args[0] == NEXT]
+        assert len(pulls) == 1 and pulls[0].args[1] == inbox
+        await nc.close()

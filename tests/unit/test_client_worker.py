@@ -289,8 +289,10 @@ async def test_stop_finishes_in_flight_and_returns_the_rest(one: Peer) -> None:
     w = worker(one, handler, max_in_flight=1)
     await w.start()
     await one.pull()
+    assert not w.is_starved()
     one.peer.send(msg(one.sid, 1))
     await started.wait()
+    assert w.is_starved()  # 1 in flight of RDY 1: time for a batching handler to flush
     await w.stop(timeout=2)
     assert finished == [1]
     settled = [f.payload for f in one.peer.frames if f.args and f.args[0].startswith("$JS.ACK.")]

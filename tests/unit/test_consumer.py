@@ -672,3 +672,81 @@ def test_pause(w: World) -> None:
     w.clock.advance(1.01)
     assert msgs(w.sink.take()) == [1]
     assert not c.paused
+
+
+# -- push ------------------------------------------------------------------------------------------------
+
+
+def test_push_delivers_while_bound(w: World) -> None:
+    c = w.consumer(deliver_subject="d", ack_policy="explicit")
+    w.publish(n=2)
+    assert w.sink.take() == []  # no subscriber yet
+    c.set_push_interest(True)
+    assert [(e[1], e[2]) for e in w.sink.take()] == [("d", 1), ("d", 2)]
+    c.set_push_interest(False)
+    w.publish()
+    assert w.sink.take() == []
+    c.set_push_interest(True)
+    assert msgs(w.sink.take()) == [3]
+
+
+def test_push_idle_heartbeats(w: World) -> None:
+    c = w.consumer(deliver_subject="d", ack_policy="none", idle_heartbeat=NS)
+    c.set_push_interest(True)
+    w.clock.advance(1.01)
+    assert blocks(w.sink.take()) == [pq.idle_heartbeat(0, 0)]
+    w.publish()
+    w.sink.take()
+    w.clock.advance(0.9)  # a delivery restarts the interval
+    assert w.sink.take() == []
+    w.clock.advance(0.2)
+    assert blocks(w.sink.take()) == [pq.idle_heartbeat(1, 1)]
+
+
+def test_push_flow_control(w: World) -> None:
+    c = w.consumer(deliver_subject="d", ack_policy="none", flow_control=True, idle_heartbeat=NS)
+    c.set_push_interest(True)
+    big = 600_000
+    for _ in range(5):
+        seq = w.stream.last_seq + 1
+        meta = MessageMeta(seq, "s.a", big, w.clock.now())
+        w.stream.append(meta, "")
+        w.head.committed = seq
+        c.on_committed([meta])
+    events = w.sink.take()
+    # A request once past half the 2 MiB window, then a stall once past all of it.
+    assert [e[0] for e in events] == ["msg", "msg", "ctl", "msg", "msg"]
+    fc = events[2][3]
+    assert events[2][2] == pq.FLOW_CONTROL and fc.startswith("$JS.FC.S.C.")
+    w.clock.advance(1.01)
+    assert blocks(w.sink.take()) == [pq.idle_heartbeat(4, 4, fc)]
+    c.flow_control_reply("$JS.FC.S.C.nope")  # not the outstanding one
+    assert w.sink.take() == []
+    c.flow_control_reply(fc)
+    assert msgs(w.sink.take()) == [5]
+
+
+def test_push_ephemeral_goes_when_unbound() -> None:
+    w = World()
+    c = w.consumer("E", deliver_subject="d", inactive_threshold=NS)
+    c.set_push_interest(True)
+    w.clock.advance(2)
+    assert w.host.inactive == []
+    c.set_push_interest(False)
+    w.clock.advance(0.5)
+    c.set_push_interest(True)
+    c.set_push_interest(False)
+    w.clock.advance(0.9)
+    assert w.host.inactive == []
+    w.clock.advance(0.2)
+    assert w.host.inactive == [c]
+
+
+def test_push_redelivers_after_ack_wait(w: World) -> None:
+    c = w.consumer(deliver_subject="d", ack_policy="explicit", ack_wait=NS)
+    c.set_push_interest(True)
+    w.publish()
+    w.sink.take()
+    w.clock.advance(1.01)
+    (event,) = w.sink.take()
+    assert event[2] == 1 and ack_tokens(event[3])[4] == "2"

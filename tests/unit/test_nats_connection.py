@@ -16,11 +16,13 @@ from tether.server.nats.server import NatsServer
 class FakeTransport:
     """Records what the connection writes; the write buffer size is settable."""
 
-    def __init__(self) -> None:
+    def __init__(self, supports_eof: bool = False) -> None:
         self.written = bytearray()
         self.closed = False
         self.aborted = False
+        self.eof = False
         self.buffered = 0
+        self.supports_eof = supports_eof
 
     def write(self, data: bytes) -> None:
         self.written += data
@@ -38,6 +40,12 @@ class FakeTransport:
     def is_closing(self) -> bool:
         return self.closed
 
+    def can_write_eof(self) -> bool:
+        return self.supports_eof
+
+    def write_eof(self) -> None:
+        self.eof = True
+
     def get_write_buffer_size(self) -> int:
         return self.buffered
 
@@ -49,8 +57,8 @@ class Harness:
     def __init__(self, **config: Any) -> None:
         self.server = NatsServer(ServerConfig(**config))
 
-    def connect(self) -> tuple[ClientConnection, FakeTransport]:
-        transport = FakeTransport()
+    def connect(self, supports_eof: bool = False) -> tuple[ClientConnection, FakeTransport]:
+        transport = FakeTransport(supports_eof)
         conn = self.server._new_connection()
         conn.connection_made(transport)  # type: ignore[arg-type]
         return conn, transport
@@ -263,3 +271,17 @@ async def test_connection_lost_removes_subscriptions() -> None:
     assert len(h.server.router.index) == 0
     assert sorted(changed) == ["a", "b"]
     assert h.server.connections == {}
+
+
+async def test_lingering_close() -> None:
+    # Where the transport can half-close, an error is followed by our FIN while input
+    # keeps being read (and ignored) until the peer closes, or until a deadline.
+    conn, transport = Harness().connect(supports_eof=True)
+    output(conn, transport)
+    conn.data_received(b"BAD\r\n")
+    assert transport.written == b"-ERR 'Unknown Protocol Operation'\r\n"
+    assert transport.eof and not transport.closed and not transport.aborted
+    conn.data_received(b"PING\r\n" * 100)  # ignored
+    assert output(conn, transport) == b"-ERR 'Unknown Protocol Operation'\r\n"
+    conn.connection_lost(None)
+    assert conn.server.connections == {}

@@ -44,6 +44,14 @@ class _Resync(Exception):
     """Internal: leave push mode and catch up by pulling again."""
 
 
+class _HandlerFailed(Exception):
+    """Internal: the user's handler raised; ends the subscription with that error."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class CatchUpSubscription:
     """Deliver a stream to ``handler`` from ``start_seq`` (or ``start_time``) on, live."""
 
@@ -113,6 +121,8 @@ class CatchUpSubscription:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        elif task is not None and not task.cancelled():
+            task.exception()  # a handler error: reported by wait(), not raised by stop()
         self._conn._unlisten(self)
         await self._drop_push()
         await self._checkpoint()
@@ -128,6 +138,13 @@ class CatchUpSubscription:
     # -- the state machine ----------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._run_phases()
+        except _HandlerFailed as failed:
+            self.phase = "failed"
+            raise failed.error from None
+
+    async def _run_phases(self) -> None:
         while True:
             try:
                 self.phase = "pulling"
@@ -257,9 +274,12 @@ class CatchUpSubscription:
         seq = msg.metadata.stream_seq
         if seq <= self.last_seq:
             return  # already processed (the overlap between pull and push)
-        result = self.handler(msg)
-        if inspect.isawaitable(result):
-            await result
+        try:
+            result = self.handler(msg)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            raise _HandlerFailed(exc) from exc
         self.last_seq = seq
         self._since_checkpoint += 1
         if self._since_checkpoint >= self.checkpoint_every:

@@ -233,7 +233,13 @@ class Connection(Io, RequestMux):
             if sub.max_msgs:
                 frames.append(encode_unsub(sub.sid, max(1, sub.max_msgs - sub.received)))
         # SUB/UNSUB/PING frames in the buffer are stale: subscriptions were replayed above.
-        kept = [f for f in self._out if f[:4] == b"PUB " or f[:5] == b"HPUB "]
+        # Pull requests are too: pull subscriptions re-issue what is still owed (below),
+        # and sending both would ask the server for more than we account for.
+        kept = [
+            f
+            for f in self._out
+            if (f[:4] == b"PUB " or f[:5] == b"HPUB ") and b".CONSUMER.MSG.NEXT." not in f[:160]
+        ]
         self._out = frames + kept
         self._out_bytes = sum(map(len, self._out))
         for fut in self._carried:

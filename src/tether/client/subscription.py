@@ -148,11 +148,9 @@ class Subscription:
             raise BadSubscription("subscription delivers to a callback")
         while not self._queue:
             if self._closed:
-                raise (
-                    ConnectionClosed("subscription is closed")
-                    if self._conn.is_closed
-                    else (BadSubscription("subscription is closed"))
-                )
+                if self._conn.is_closed:
+                    raise ConnectionClosed("connection closed")
+                raise BadSubscription("subscription is closed")
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             try:
                 async with asyncio.timeout(timeout):

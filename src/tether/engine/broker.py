@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tether.engine import errors
 from tether.engine.clock import Clock, Timer
@@ -40,6 +40,9 @@ from tether.engine.stream_config import (
 )
 from tether.engine.subjects import filters_overlap
 from tether.storage.base import MessageMeta, StorageError, Store, StoredMessage, StreamRecord
+
+if TYPE_CHECKING:
+    from tether.engine.consumer_registry import ConsumerRegistry
 
 log = logging.getLogger("tether.broker")
 
@@ -80,6 +83,8 @@ class Broker:
         self.clock = clock
         self.streams: dict[str, Stream] = {}
         self.listeners: list[BrokerListener] = []
+        # The consumers of every stream; set by the registry when it attaches.
+        self.consumers: ConsumerRegistry | None = None
         self._ticks: dict[int, _Tick] = {}
         self._expiry_timer: Timer | None = None
         self._expiry_at = 0

@@ -36,7 +36,7 @@ from tether.engine.consumer_config import (
     wq_requires_explicit_ack,
 )
 from tether.engine.consumer_io import DeliverySink
-from tether.engine.cursor import StreamHead
+from tether.engine.cursor import Matcher, StreamHead
 from tether.engine.delivery_state import decode_state, encode_state
 from tether.engine.stream import Stream
 from tether.engine.subjects import filters_overlap
@@ -83,9 +83,11 @@ class ConsumerRegistry:
         self._acked: dict[str, tuple[Stream, list[int]]] = {}
         self._sweep: set[str] = set()
         self._flush_timer: Timer | None = None
-        self._flush_delay = 0.0
+        self._save_after = 0.0
+        self._save_timer: Timer | None = None
         self._removing = False
         broker.listeners.append(self)
+        broker.consumers = self
         for stream in broker.streams.values():
             self.on_stream_changed(stream)
 
@@ -285,12 +287,11 @@ class ConsumerRegistry:
     # -- the per-tick flush -----------------------------------------------------------------------------
     def _schedule(self) -> None:
         if self._flush_timer is None:
-            self._flush_timer = self.clock.call_later(self._flush_delay, self.flush)
+            self._flush_timer = self.clock.call_later(0, self.flush)
 
     def flush(self) -> None:
         """Apply retention for this tick's acks and save every changed consumer's state."""
         self._flush_timer = None
-        started = time.perf_counter()
         if self._acked:
             acked, self._acked = self._acked, {}
             for stream, seqs in acked.values():
@@ -301,20 +302,33 @@ class ConsumerRegistry:
                 swept = self.broker.streams.get(name)
                 if swept is not None:
                     self._retain(swept, list(swept.seqs(swept.first_seq)))
-        if self._dirty:
-            dirty, self._dirty = self._dirty, {}
-            store = self.store
-            for consumer in dirty.values():
-                if consumer.deleted or consumer.config.mem_storage:
-                    continue
-                state = encode_state(consumer.save())
-                store.put_consumer_state(
-                    consumer.stream.name, consumer.name, state
-                ).add_done_callback(_log_failure)
-        # A huge state costs real time to encode; space the writes out so that saving
-        # never takes more than a few percent of the loop.
+        if not self._dirty:
+            return
+        wait = self._save_after - time.monotonic()
+        if wait > 0:
+            if self._save_timer is None:
+                self._save_timer = self.clock.call_later(wait, self._save_due)
+            return
+        self._save()
+
+    def _save_due(self) -> None:
+        self._save_timer = None
+        self.flush()
+
+    def _save(self) -> None:
+        started = time.perf_counter()
+        dirty, self._dirty = self._dirty, {}
+        store = self.store
+        for consumer in dirty.values():
+            if consumer.deleted or consumer.config.mem_storage:
+                continue
+            state = encode_state(consumer.save())
+            fut = store.put_consumer_state(consumer.stream.name, consumer.name, state)
+            fut.add_done_callback(_log_failure)
+        # A huge state (hundreds of thousands of unacked messages) costs real time to
+        # encode: space such writes out so that saving stays a few percent of the loop.
         took = time.perf_counter() - started
-        self._flush_delay = min(took * 20, 1.0) if took > 0.002 else 0.0
+        self._save_after = time.monotonic() + min(took * 20, 1.0) if took > 0.005 else 0.0
 
     def _retain(self, stream: Stream, seqs: list[int]) -> None:
         if self.broker.streams.get(stream.name) is not stream:
@@ -338,9 +352,11 @@ class ConsumerRegistry:
 
     async def close(self) -> None:
         """Save every consumer's state (clean shutdown) and stop the timers."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-        self._flush_delay = 0.0
+        for timer in (self._flush_timer, self._save_timer):
+            if timer is not None:
+                timer.cancel()
+        self._save_timer = None
+        self._save_after = 0.0
         for consumers in self.streams.values():
             for consumer in consumers.values():
                 self._dirty[id(consumer)] = consumer
@@ -359,6 +375,10 @@ class ConsumerRegistry:
         head = self.heads.get(stream.name)
         if head is None:
             self.heads[stream.name] = StreamHead(stream.last_seq)
+            return
+        # The stream's subjects may have changed: whether a filter covers them all too.
+        for consumer in self.streams.get(stream.name, {}).values():
+            consumer.cursor.set_match(Matcher(consumer.config.filters, stream.config.subjects))
 
     def on_stream_deleted(self, stream: Stream) -> None:
         for consumer in list(self.streams.pop(stream.name, {}).values()):

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tether.nats")
 
+# Seconds a closed connection keeps reading what its peer still sends (see ``_close``).
+LINGER = 2.0
+
 
 class ConnectOptions(msgspec.Struct, rename={"password": "pass"}):
     """The CONNECT fields the server reads; ``None`` means "not sent" (keep what we had).
@@ -282,11 +285,11 @@ class ClientConnection(asyncio.Protocol):
         """Send ``-ERR`` and close; a peer that does not read is cut off after a deadline."""
         self._close(encode_err(message))
 
-    def close(self) -> None:
+    def close(self, *, linger: bool = True) -> None:
         """Close after flushing what is buffered, without an error line."""
-        self._close(b"")
+        self._close(b"", linger)
 
-    def _close(self, last: bytes) -> None:
+    def _close(self, last: bytes, linger: bool = True) -> None:
         transport = self.transport
         if transport is None or self.closing:
             return
@@ -294,9 +297,17 @@ class ClientConnection(asyncio.Protocol):
         self.closing = True
         if last:
             transport.write(last)
-        transport.close()
-        if transport.get_write_buffer_size():
-            self._loop.call_later(self.server.config.write_deadline, transport.abort)
+        if linger and transport.can_write_eof():
+            # A lingering close: our FIN follows the last words, and we keep reading (and
+            # discarding) until the peer closes too. Closing with its input unread would
+            # make the kernel reset the connection, and the peer could lose the -ERR.
+            transport.write_eof()
+            deadline = self.server.config.write_deadline if transport.get_write_buffer_size() else 0
+            self._loop.call_later(max(deadline, LINGER), transport.abort)
+        else:
+            transport.close()
+            if transport.get_write_buffer_size():
+                self._loop.call_later(self.server.config.write_deadline, transport.abort)
 
     def send_error(self, message: str) -> None:
         """A non-fatal ``-ERR``: the connection stays open."""

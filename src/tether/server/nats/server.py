@@ -61,7 +61,7 @@ class NatsServer:
             self._listener.close()
         for conn in list(self.connections.values()):
             conn.flush_now()
-            conn.close()
+            conn.close(linger=False)
         deadline = time.monotonic() + 2.0
         while self.connections and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)  # bounded wait for the peers to take their last bytes

@@ -1,0 +1,867 @@
+"""JetStream publish throughput: Tether against nats-server, with and without fsync.
+
+Three servers, one after the other, each with a fresh file-backed stream ``ORDERS``
+(subjects ``orders.>``, ``allow_direct: true``):
+
+* ``tether``: ``tether serve --store sqlite:<tmp>`` (``sync=always``: every group
+  commit is fsynced before its PubAcks go out);
+* ``nats-server``: ``nats-server -js -sd <tmp>`` with default settings (it acks once the
+  message is written to the OS, and fsyncs every 2 minutes);
+* ``nats-server-sync``: nats-server with ``jetstream { sync_interval: always }`` (it
+  fsyncs every message before acking: the durability Tether's default gives).
+
+Three loads per server, in this order, on the same stream:
+
+* ``raw``: one raw-socket connection sends pre-built batches of
+  ``PUB orders.x _INBOX.bench.<i> 128`` frames keeping at most ``--window`` messages
+  unacknowledged, and counts the PubAck ``MSG`` frames on ``_INBOX.bench.*``. This
+  measures the server. Rate = PubAcks / (first send -> last PubAck).
+* ``nats-py``: ``asyncio.gather`` of ``--group`` (256) ``js.publish()`` calls at a
+  time: what a Python application sees. Rate = PubAcks / elapsed.
+* ``read``: batched ``DIRECT.GET`` (``{"seq":N,"batch":1000,"max_bytes":M}``) over the
+  stored messages, wrapping around, on a raw socket. Rate = messages / elapsed.
+
+nats-server with ``sync_interval: always`` manages about a thousand messages per
+second, so its publish loads use ``--sync-messages`` (5k) under a ``--sync-cap`` time
+cap. Every wait has a deadline; everything runs on 127.0.0.1 in temporary
+directories that are removed afterwards.
+
+    .venv/bin/python benchmarks/js_publish.py            # 200k raw, 50k nats-py, 200k read
+    .venv/bin/python benchmarks/js_publish.py --quick    # 50k raw, 20k nats-py, 50k read
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import os
+import platform
+import selectors
+import shlex
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _peers import (  # after the sys.path tweak above
+    PeerStartError,
+    ServerProcess,
+    nats_server_version,
+    start_nats_server,
+    start_tether,
+    tether_version,
+)
+
+HOST = "127.0.0.1"
+STREAM = "ORDERS"
+SUBJECT = "orders.x"
+SERVERS = ("tether", "nats-server", "nats-server-sync")
+LOADS = ("raw", "nats-py", "read")
+# (load, Tether vs) -> target ratio Tether / other.
+TARGETS = {
+    ("raw", "nats-server"): 0.5,
+    ("raw", "nats-server-sync"): 20.0,
+    ("nats-py", "nats-server"): 0.9,
+}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CONNECT = (
+    b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,'
+    b'"echo":true,"protocol":1,"lang":"raw","version":"0","name":"js_publish"}\r\n'
+)
+
+
+class BenchError(RuntimeError):
+    """A stall, a closed connection, a server error or a short count."""
+
+
+# -- frame parsing -----------------------------------------------------------------------------
+
+
+class FrameReader:
+    """Parses server->client frames fed in arbitrary pieces (frames may split anywhere).
+
+    ``on_msg(buf, hdr_start, hdr_len, payload_start, payload_len)`` is called for every
+    MSG (``hdr_len`` -1) and HMSG frame with offsets into ``buf`` (valid only during the
+    call). PINGs are counted in ``pings`` (the caller answers them), ``-ERR`` raises.
+    """
+
+    def __init__(self, on_msg: Any) -> None:
+        self.buf = bytearray()
+        self.on_msg = on_msg
+        self.pings = 0
+        self.pongs = 0
+
+    def feed(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, end = 0, len(buf)
+        find, startswith, rfind = buf.find, buf.startswith, buf.rfind
+        on_msg = self.on_msg
+        while pos < end:
+            eol = find(b"\r\n", pos)
+            if eol < 0:
+                if end - pos > 4096:
+                    raise BenchError(f"control line too long: {bytes(buf[pos : pos + 80])!r}")
+                break
+            if startswith(b"MSG ", pos):
+                sp = rfind(b" ", pos, eol)
+                size = int(buf[sp + 1 : eol])
+                stop = eol + 4 + size
+                if stop > end:
+                    break
+                on_msg(buf, 0, -1, eol + 2, size)
+                pos = stop
+            elif startswith(b"HMSG ", pos):
+                sp2 = rfind(b" ", pos, eol)
+                sp1 = rfind(b" ", pos, sp2)
+                hlen = int(buf[sp1 + 1 : sp2])
+                total = int(buf[sp2 + 1 : eol])
+                stop = eol + 4 + total
+                if stop > end:
+                    break
+                on_msg(buf, eol + 2, hlen, eol + 2 + hlen, total - hlen)
+                pos = stop
+            else:
+                line = bytes(buf[pos:eol])
+                op = line.split(b" ", 1)[0].upper()
+                if op == b"PING":
+                    self.pings += 1
+                elif op == b"PONG":
+                    self.pongs += 1
+                elif op == b"-ERR":
+                    raise BenchError(f"server error: {line.decode(errors='replace')}")
+                elif op not in (b"+OK", b"INFO"):
+                    raise BenchError(f"unexpected frame: {line[:80]!r}")
+                pos = eol + 2
+        del buf[:pos]
+
+
+class AckCounter:
+    """Counts PubAcks (``{"stream":...}``) and failures (an ``error`` body, a status)."""
+
+    def __init__(self) -> None:
+        self.acks = 0
+        self.errors = 0
+        self.first_error = ""
+        self.reader = FrameReader(self._on_msg)
+
+    def _on_msg(self, buf: bytearray, hs: int, hlen: int, ps: int, plen: int) -> None:
+        if hlen < 0 and buf.startswith(b'{"stream"', ps):
+            self.acks += 1
+            return
+        self.errors += 1
+        if not self.first_error:
+            what = buf[hs : hs + hlen] if hlen >= 0 else buf[ps : ps + plen]
+            self.first_error = bytes(what[:200]).decode(errors="replace")
+
+
+def self_test() -> None:
+    """AckCounter on a stream of acks, errors and PINGs split at every size."""
+    frames = []
+    for i in range(1, 3000):
+        body = b'{"stream":"ORDERS","seq":%d}' % i
+        frames.append(b"MSG _INBOX.bench.%d 1 %d\r\n%s\r\n" % (i, len(body), body))
+        if i % 97 == 0:
+            frames.append(b"PING\r\n")
+        if i % 101 == 0:
+            err = b'{"error":{"code":503},"stream":"ORDERS","seq":0}'
+            frames.append(b"MSG _INBOX.bench.x 1 %d\r\n%s\r\n" % (len(err), err))
+        if i % 499 == 0:
+            hdr = b"NATS/1.0 503\r\n\r\n"
+            frames.append(b"HMSG _INBOX.bench.y 1 %d %d\r\n%s\r\n" % (len(hdr), len(hdr), hdr))
+    stream = b"".join(frames)
+    for step in (1, 2, 3, 7, 64, 1000, 65536):
+        counter = AckCounter()
+        for pos in range(0, len(stream), step):
+            counter.reader.feed(stream[pos : pos + step])
+        assert counter.acks == 2999, (step, counter.acks)
+        assert counter.errors == 29 + 6, (step, counter.errors)
+        assert counter.reader.pings == 30, (step, counter.reader.pings)
+        assert not counter.reader.buf
+
+
+# -- raw socket ------------------------------------------------------------------------------
+
+
+def raw_connect(port: int, subscribe: bytes, stall: float) -> tuple[socket.socket, bytes]:
+    """Connect, CONNECT, SUB and wait for the PONG; returns the socket and unread bytes."""
+    sock = socket.create_connection((HOST, port), timeout=stall)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = b""
+    while b"\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise BenchError("server closed the connection before INFO")
+        buf += chunk
+    if not buf.startswith(b"INFO "):
+        raise BenchError(f"expected INFO, got {buf[:80]!r}")
+    buf = buf[buf.index(b"\r\n") + 2 :]
+    sock.sendall(CONNECT + b"SUB " + subscribe + b" 1\r\nPING\r\n")
+    while b"PONG\r\n" not in buf:
+        if b"-ERR" in buf:
+            raise BenchError(f"server error: {buf[:200]!r}")
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise BenchError("server closed the connection")
+        buf += chunk
+    return sock, buf[buf.index(b"PONG\r\n") + 6 :]
+
+
+@dataclass
+class Result:
+    load: str
+    server: str
+    messages: int  # requested
+    sent: int = 0
+    count: int = 0  # PubAcks (publish loads) / messages read (read load)
+    errors: int = 0
+    seconds: float = 0.0
+    rate: float = 0.0
+    capped: bool = False  # stopped by the time cap before ``messages``
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds / wall seconds
+    server_us_per_msg: float = 0.0
+    loadavg: list[float] = field(default_factory=list)  # 1/5/15 min, at the start
+    idle_wait: float | None = 0.0  # seconds waited for an idle machine; None: gave up
+    rep: int = 0
+    note: str = ""
+    error: str = ""
+
+
+def raw_publish(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
+    """Pipelined PUBs with reply inboxes; at most ``window`` unacked. Fills a Result."""
+    res = Result("raw", "", n)
+    size, window, batch_n, stall = opts["size"], opts["window"], opts["batch"], opts["stall"]
+    payload = b"x" * size
+    batches: list[tuple[bytes, int]] = []
+    subj = SUBJECT.encode()
+    for first in range(0, n, batch_n):
+        k = min(batch_n, n - first)
+        data = b"".join(
+            b"PUB %s _INBOX.bench.%d %d\r\n%s\r\n" % (subj, i, size, payload)
+            for i in range(first, first + k)
+        )
+        batches.append((data, k))
+    sock, rest = raw_connect(port, b"_INBOX.bench.*", stall)
+    counter = AckCounter()
+    reader = counter.reader
+    reader.feed(rest)
+    sock.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    mask = selectors.EVENT_READ
+    out: memoryview | None = None
+    next_batch = sent = 0
+    pongs_owed = 0
+    t0 = time.monotonic()
+    cpu0 = time.process_time()
+    send_until = t0 + cap
+    hard_deadline = t0 + cap + opts["drain"]
+    last_data = t_last = t0
+    try:
+        while True:
+            received = counter.acks + counter.errors
+            now = time.monotonic()
+            if now > send_until and not res.capped and next_batch < len(batches):
+                res.capped = True  # finish the batch on the wire, start no other
+            if out is None:
+                if pongs_owed:
+                    sock.sendall(b"PONG\r\n" * pongs_owed)  # tiny: fits the socket buffer
+                    pongs_owed = 0
+                if (
+                    not res.capped
+                    and next_batch < len(batches)
+                    and sent + batches[next_batch][1] - received <= window
+                ):
+                    data, k = batches[next_batch]
+                    next_batch += 1
+                    sent += k
+                    out = memoryview(data)
+            if out is not None:
+                try:
+                    written = sock.send(out)
+                except BlockingIOError:
+                    written = 0
+                out = out[written:] if written < len(out) else None
+            elif received >= sent and (res.capped or next_batch >= len(batches)):
+                break
+            if now > hard_deadline:
+                raise BenchError(f"deadline: {received:,} PubAcks of {sent:,} sent")
+            if now - last_data > stall and received < sent:
+                raise BenchError(f"no PubAck for {stall:.0f}s: {received:,} of {sent:,} sent")
+            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if out is not None else 0)
+            if want != mask:
+                sel.modify(sock, want)
+                mask = want
+            for _key, events in sel.select(timeout=0.2):
+                if events & selectors.EVENT_READ:
+                    try:
+                        chunk = sock.recv(1 << 20)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        raise BenchError("server closed the connection")
+                    last_data = time.monotonic()
+                    before = counter.acks + counter.errors
+                    reader.feed(chunk)
+                    if counter.acks + counter.errors > before:
+                        t_last = last_data
+                    if reader.pings:
+                        pongs_owed += reader.pings
+                        reader.pings = 0
+        res.cpu["client"] = time.process_time() - cpu0
+    finally:
+        sel.close()
+        sock.close()
+    res.sent, res.count, res.errors = sent, counter.acks, counter.errors
+    res.seconds = t_last - t0
+    res.rate = counter.acks / res.seconds if res.seconds > 0 else 0.0
+    if counter.errors:
+        res.note = f"{counter.errors:,} failed publishes, first: {counter.first_error}"
+    return res
+
+
+def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any]) -> Result:
+    """Batched DIRECT.GET requests (``depth`` in flight), wrapping over the stored range."""
+    res = Result("read", "", n)
+    batch, depth, stall = opts["read_batch"], opts["read_depth"], opts["stall"]
+    size = opts["size"]
+    state = {"msgs": 0, "done": 0, "bad_size": 0, "not_found": 0, "error": ""}
+
+    def on_msg(buf: bytearray, hs: int, hlen: int, ps: int, plen: int) -> None:
+        if hlen < 0:
+            state["error"] = state["error"] or "a reply without headers"
+            return
+        if buf[hs + 8] == 0x20:  # "NATS/1.0 <code>": a status
+            code = bytes(buf[hs + 9 : hs + 12])
+            state["done"] += 1
+            if code == b"404":
+                state["not_found"] += 1
+            elif code != b"204":
+                state["error"] = bytes(buf[hs : hs + min(hlen, 80)]).decode(errors="replace")
+            return
+        state["msgs"] += 1
+        if plen != size:
+            state["bad_size"] += 1
+
+    reader = FrameReader(on_msg)
+    sock, rest = raw_connect(port, b"_INBOX.read.*", stall)
+    sock.settimeout(stall)
+    reader.feed(rest)
+    requests = 0
+    t0 = time.monotonic()
+    cpu0 = time.process_time()
+    deadline = t0 + opts["timeout"]
+
+    def request() -> bytes:
+        nonlocal requests
+        seq = first_seq + (requests * batch) % stored
+        body = b'{"seq":%d,"batch":%d,"max_bytes":%d}' % (seq, batch, 64 << 20)
+        requests += 1
+        return b"PUB $JS.API.DIRECT.GET.%s _INBOX.read.%d %d\r\n%s\r\n" % (
+            STREAM.encode(),
+            requests,
+            len(body),
+            body,
+        )
+
+    try:
+        sock.sendall(b"".join(request() for _ in range(depth)))
+        while state["done"] < requests:
+            try:
+                chunk = sock.recv(1 << 20)
+            except TimeoutError:
+                raise BenchError(f"no DIRECT.GET reply for {stall:.0f}s") from None
+            if not chunk:
+                raise BenchError("server closed the connection")
+            reader.feed(chunk)
+            if state["error"]:
+                raise BenchError(f"DIRECT.GET failed: {state['error']}")
+            if reader.pings:
+                sock.sendall(b"PONG\r\n" * reader.pings)
+                reader.pings = 0
+            now = time.monotonic()
+            if now > deadline:
+                res.capped = True
+            missing = requests - state["done"]
+            if state["msgs"] + missing * batch < n and not res.capped and missing < depth:
+                sock.sendall(b"".join(request() for _ in range(depth - missing)))
+        res.seconds = time.monotonic() - t0
+        res.cpu["client"] = time.process_time() - cpu0
+    finally:
+        sock.close()
+    res.sent = requests
+    res.count = state["msgs"]
+    res.rate = res.count / res.seconds if res.seconds > 0 else 0.0
+    notes = []
+    if state["bad_size"]:
+        notes.append(f"{state['bad_size']:,} messages of another size")
+    if state["not_found"]:
+        notes.append(f"{state['not_found']} requests answered 404")
+    res.note = "; ".join(notes)
+    return res
+
+
+# -- nats-py -------------------------------------------------------------------------------
+
+
+def run_async(coro: Any, loop_kind: str) -> Any:
+    if loop_kind == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+async def setup_stream(url: str) -> None:
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+
+    nc = await nats.connect(url, allow_reconnect=False, connect_timeout=10)
+    try:
+        js = nc.jetstream(timeout=30)
+        await js.add_stream(
+            StreamConfig(
+                name=STREAM,
+                subjects=["orders.>"],
+                storage=StorageType.FILE,
+                allow_direct=True,
+            )
+        )
+    finally:
+        await nc.close()
+
+
+async def stream_state(url: str) -> tuple[int, int, int]:
+    """(messages, first_seq, last_seq) of the stream."""
+    import nats
+
+    nc = await nats.connect(url, allow_reconnect=False, connect_timeout=10)
+    try:
+        info = await nc.jetstream(timeout=30).stream_info(STREAM)
+        return info.state.messages, info.state.first_seq, info.state.last_seq
+    finally:
+        await nc.close()
+
+
+async def natspy_publish(url: str, n: int, opts: dict[str, Any], cap: float) -> Result:
+    import nats
+
+    res = Result("nats-py", "", n)
+    nc = await nats.connect(url, allow_reconnect=False, connect_timeout=10)
+    try:
+        js = nc.jetstream(timeout=30)
+        payload = b"x" * opts["size"]
+        group = opts["group"]
+        first_error = ""
+        cpu0 = time.process_time()
+        t0 = time.monotonic()
+        while res.sent < n:
+            if time.monotonic() - t0 > cap:
+                res.capped = True
+                break
+            k = min(group, n - res.sent)
+            res.sent += k
+            acks = await asyncio.wait_for(
+                asyncio.gather(
+                    *(js.publish(SUBJECT, payload) for _ in range(k)), return_exceptions=True
+                ),
+                opts["stall"] + 30,
+            )
+            for ack in acks:
+                if isinstance(ack, BaseException):
+                    res.errors += 1
+                    first_error = first_error or repr(ack)
+                else:
+                    res.count += 1
+        res.seconds = time.monotonic() - t0
+        res.cpu["client"] = time.process_time() - cpu0
+    finally:
+        await nc.close()
+    res.rate = res.count / res.seconds if res.seconds > 0 else 0.0
+    if res.errors:
+        res.note = f"{res.errors:,} failed publishes, first: {first_error}"
+    return res
+
+
+# -- machine load --------------------------------------------------------------------------
+
+
+def machine_busy_seconds() -> float:
+    """Non-idle CPU seconds of the whole machine so far, from /proc/stat."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / CLK_TCK
+
+
+def wait_idle(max_wait: float, threshold: float = 0.3, window: float = 0.5) -> float | None:
+    """Wait up to ``max_wait`` s for the machine to be nearly idle; None if it never was."""
+    start = time.monotonic()
+    while True:
+        busy0 = machine_busy_seconds()
+        time.sleep(window)
+        if (machine_busy_seconds() - busy0) / window < threshold:
+            return time.monotonic() - start
+        if time.monotonic() - start >= max_wait:
+            return None
+
+
+# -- driver ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def start_server(name: str, opts: dict[str, Any]) -> Iterator[ServerProcess]:
+    if name == "tether":
+        with start_tether(
+            store="sqlite",
+            wrapper=shlex.split(opts["tether_wrapper"]),
+            python_args=shlex.split(opts["tether_python_args"]),
+        ) as srv:
+            yield srv
+    elif name == "nats-server":
+        with start_nats_server(jetstream=True) as srv:
+            yield srv
+    else:
+        # The config's jetstream block enables JetStream with fsync before every ack. Its
+        # store_dir comes from the -sd that start_nats_server always passes (naming it
+        # in the file as well is refused: "Duplicate 'store_dir' configuration").
+        confdir = tempfile.mkdtemp(prefix="nats-sync-bench-")
+        try:
+            conf = Path(confdir) / "js-sync.conf"
+            conf.write_text('jetstream { sync_interval: "always" }\n')
+            with start_nats_server(args=["-c", str(conf)]) as srv:
+                yield srv
+        finally:
+            shutil.rmtree(confdir, ignore_errors=True)
+
+
+def measure(
+    load: str, name: str, srv: ServerProcess, opts: dict[str, Any], n: int, cap: float
+) -> Result:
+    idle = wait_idle(opts["wait_idle"]) if opts["wait_idle"] > 0 else 0.0
+    loadavg = [round(x, 2) for x in os.getloadavg()]
+    cpu0 = srv.cpu_seconds()
+    busy0 = machine_busy_seconds()
+    wall0 = time.monotonic()
+    try:
+        if load == "raw":
+            res = raw_publish(srv.port, n, opts, cap)
+        elif load == "nats-py":
+            res = run_async(natspy_publish(srv.url, n, opts, cap), opts["client_loop"])
+        else:
+            stored, first, _last = run_async(stream_state(srv.url), "asyncio")
+            if not stored:
+                raise BenchError("nothing stored to read")
+            res = raw_read(srv.port, first, stored, n, opts)
+    except (BenchError, OSError, TimeoutError) as exc:
+        res = Result(load, name, n, error=f"{type(exc).__name__}: {exc}")
+    wall = time.monotonic() - wall0
+    server_cpu = srv.cpu_seconds() - cpu0
+    busy = machine_busy_seconds() - busy0
+    res.server, res.loadavg, res.idle_wait = name, loadavg, idle
+    if res.error:
+        return res
+    secs = res.seconds or wall
+    client = res.cpu.get("client", 0.0)
+    res.cpu = {
+        "client": client / secs,
+        "server": server_cpu / secs,
+        "other": max(0.0, busy - server_cpu - client) / wall,
+    }
+    res.server_us_per_msg = server_cpu / max(1, res.count) * 1e6
+    if res.count < res.messages and not res.capped:
+        res.error = f"short: {res.count:,} of {res.messages:,}" + (
+            f" ({res.note})" if res.note else ""
+        )
+    return res
+
+
+def run(opts: dict[str, Any]) -> list[Result]:
+    results: list[Result] = []
+    for rep in range(opts["repeat"]):
+        servers = list(opts["servers"])
+        if rep % 2:
+            servers.reverse()  # alternate the order so no server always goes first
+        for name in servers:
+            results.extend(run_server(name, rep, opts))
+    return results
+
+
+def run_server(name: str, rep: int, opts: dict[str, Any]) -> list[Result]:
+    """Every load against one fresh server, on one stream."""
+    sync = name == "nats-server-sync"
+    counts = {
+        "raw": (opts["sync_messages"] if sync else opts["messages"]),
+        "nats-py": (opts["sync_messages"] if sync else opts["natspy_messages"]),
+        "read": opts["read_messages"],
+    }
+    cap = opts["sync_cap"] if sync else opts["timeout"]
+    results: list[Result] = []
+    try:
+        with start_server(name, opts) as srv:
+            run_async(setup_stream(srv.url), "asyncio")
+            acked = 0
+            for load in opts["loads"]:
+                res = measure(load, name, srv, opts, counts[load], cap)
+                res.rep = rep
+                if load != "read":
+                    acked += res.count
+                results.append(res)
+                print_run(res)
+            stored, _, _ = run_async(stream_state(srv.url), "asyncio")
+            if stored < acked:
+                raise BenchError(f"{name}: {stored:,} messages stored but {acked:,} acked")
+            print(f"  [{rep + 1}] {name}: {stored:,} stored, {acked:,} PubAcks", flush=True)
+    except (PeerStartError, BenchError, OSError, TimeoutError) as exc:
+        err = Result("setup", name, 0, rep=rep, error=f"{type(exc).__name__}: {exc}")
+        results.append(err)
+        print_run(err)
+    return results
+
+
+def print_run(r: Result) -> None:
+    head = f"  [{r.rep + 1}] {r.load:8} {r.server:17}"
+    if r.error:
+        print(f"{head} ERROR: {r.error}", flush=True)
+        return
+    cpu = " ".join(f"{k}={v:.0%}" for k, v in r.cpu.items())
+    flags = " CAPPED" if r.capped else ""
+    if r.idle_wait is None:
+        flags += " NOISY"
+    note = f"; {r.note}" if r.note else ""
+    print(
+        f"{head} {r.rate:>11,.0f} msg/s  ({r.count:,} in {r.seconds:.2f}s, "
+        f"server {r.server_us_per_msg:.1f} us/msg, cpu {cpu}, "
+        f"load avg {r.loadavg[0]:.2f}{flags}{note})",
+        flush=True,
+    )
+
+
+def summarize(results: list[Result]) -> dict[str, Any]:
+    """Per load and server: median and best rate over the repeats, server CPU per
+    message (median), the 1-minute load average and the CPU others used meanwhile."""
+    table: dict[str, dict[str, Any]] = {}
+    for load in LOADS:
+        row: dict[str, Any] = {}
+        for name in SERVERS:
+            ok = [r for r in results if r.load == load and r.server == name and not r.error]
+            if not ok:
+                continue
+            rates = [r.rate for r in ok]
+            row[name] = {
+                "median": statistics.median(rates),
+                "best": max(rates),
+                "runs": [round(x) for x in rates],
+                "server_us_per_msg": statistics.median(r.server_us_per_msg for r in ok),
+                "loadavg": [r.loadavg[0] for r in ok],
+                "other_cpu": [round(r.cpu.get("other", 0.0), 2) for r in ok],
+            }
+        if row:
+            table[load] = row
+    ratios = []
+    for load, row in table.items():
+        for other in ("nats-server", "nats-server-sync"):
+            if "tether" not in row or other not in row:
+                continue
+            target = TARGETS.get((load, other))
+            entry: dict[str, Any] = {"load": load, "vs": other, "target": target}
+            for stat in ("median", "best"):
+                ratio = row["tether"][stat] / row[other][stat]
+                entry[stat] = ratio
+                entry[f"met_{stat}"] = None if target is None else ratio >= target
+            # Server CPU per message, Tether / other (< 1: Tether is cheaper): steadier
+            # than the rates when other jobs share the machine.
+            entry["cpu_ratio"] = (
+                row["tether"]["server_us_per_msg"] / row[other]["server_us_per_msg"]
+            )
+            ratios.append(entry)
+    return {"rates": table, "ratios": ratios}
+
+
+def print_table(summary: dict[str, Any], opts: dict[str, Any]) -> None:
+    def fmt(cell: dict[str, Any] | None, stat: str) -> str:
+        return "-" if not cell else f"{cell[stat]:,.0f}"
+
+    stats = ("median", "best") if opts["repeat"] > 1 else ("median",)
+    print()
+    print(
+        f"{'load':8} {'stat':6} {'tether':>9} {'nats-server':>12} {'nats-sync':>10}   "
+        f"server us/msg (t / n / ns)   load avg 1m"
+    )
+    for load, row in summary["rates"].items():
+        for stat in stats:
+            cells = [row.get(name) for name in SERVERS]
+            cost = " / ".join("-" if not c else f"{c['server_us_per_msg']:.1f}" for c in cells)
+            avgs = [a for c in cells if c for a in c["loadavg"]]
+            label = "msg/s" if len(stats) == 1 else stat
+            print(
+                f"{load:8} {label:6} {fmt(cells[0], stat):>9} {fmt(cells[1], stat):>12} "
+                f"{fmt(cells[2], stat):>10}   {cost:27}  "
+                f"{min(avgs):.2f}-{max(avgs):.2f}"
+            )
+    print()
+    for r in summary["ratios"]:
+        target = r["target"]
+        line = f"{r['load']:8} tether / {r['vs']:17} {r['median']:>8.2f}x"
+        if len(stats) > 1:
+            line += f" (best {r['best']:.2f}x)"
+        if target is not None:
+            line += f"  target >= {target:g}x: {'met' if r['met_median'] else 'MISSED'}"
+        line += f"  (server CPU per message: tether {r['cpu_ratio']:.2f}x)"
+        print(line)
+
+
+def environment() -> dict[str, Any]:
+    cpu_model = ""
+    mem_gib = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / (1 << 20), 1)
+                break
+    except OSError:
+        pass
+    try:
+        natspy = importlib.metadata.version("nats-py")
+    except importlib.metadata.PackageNotFoundError:
+        natspy = None
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu_model or platform.processor(),
+        "mem_gib": mem_gib,
+        "python": platform.python_version(),
+        "nats_py": natspy,
+        "tether": tether_version(),
+        "nats_server": nats_server_version(),
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--messages", type=int, default=200_000, help="raw publishes (200k)")
+    p.add_argument("--nats-py-messages", type=int, default=50_000, help="nats-py publishes")
+    p.add_argument("--read-messages", type=int, default=200_000, help="messages to read")
+    p.add_argument("--quick", action="store_true", help="50k raw, 20k nats-py, 50k read")
+    p.add_argument(
+        "--sync-messages",
+        type=int,
+        default=5_000,
+        help="publishes per load on nats-server-sync (5k)",
+    )
+    p.add_argument(
+        "--sync-cap", type=float, default=20.0, help="time cap of nats-server-sync loads (s)"
+    )
+    p.add_argument("--size", type=int, default=128, help="payload bytes (128)")
+    p.add_argument("--window", type=int, default=10_000, help="raw: max unacked publishes")
+    p.add_argument("--batch", type=int, default=1_000, help="raw: PUB frames per write")
+    p.add_argument("--group", type=int, default=256, help="nats-py: publishes per gather")
+    p.add_argument("--read-batch", type=int, default=1_000, help="DIRECT.GET batch size")
+    p.add_argument("--read-depth", type=int, default=1, help="DIRECT.GET requests in flight")
+    p.add_argument("--load", choices=[*LOADS, "all"], default="all")
+    p.add_argument("--server", choices=[*SERVERS, "all"], default="all")
+    p.add_argument("--repeat", type=int, default=1, help="runs per server (order alternates)")
+    p.add_argument("--timeout", type=float, default=120.0, help="deadline per load (s)")
+    p.add_argument("--drain", type=float, default=30.0, help="max wait for acks after a cap")
+    p.add_argument("--stall", type=float, default=20.0, help="max wait for any reply (s)")
+    p.add_argument("--client-loop", choices=["asyncio", "uvloop"], default="asyncio")
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=15.0,
+        help="before each load wait up to N s for other CPU load to stop (0: don't)",
+    )
+    p.add_argument(
+        "--tether-wrapper",
+        default="",
+        help="prefix for Tether's command, e.g. '.venv/bin/py-spy record -o /tmp/t.txt -f raw --'",
+    )
+    p.add_argument(
+        "--tether-python-args",
+        default="",
+        help="interpreter args for Tether, e.g. '-m cProfile -o /tmp/t.prof'",
+    )
+    p.add_argument("--self-test", action="store_true", help="check the PubAck counter and exit")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.messages, args.nats_py_messages, args.read_messages = 50_000, 20_000, 50_000
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.self_test:
+        self_test()
+        print("AckCounter self-test passed")
+        return 0
+    opts: dict[str, Any] = {
+        "messages": args.messages,
+        "natspy_messages": args.nats_py_messages,
+        "read_messages": args.read_messages,
+        "sync_messages": args.sync_messages,
+        "sync_cap": args.sync_cap,
+        "size": args.size,
+        "window": args.window,
+        "batch": args.batch,
+        "group": args.group,
+        "read_batch": args.read_batch,
+        "read_depth": args.read_depth,
+        "loads": LOADS if args.load == "all" else (args.load,),
+        "servers": SERVERS if args.server == "all" else (args.server,),
+        "repeat": args.repeat,
+        "timeout": args.timeout,
+        "drain": args.drain,
+        "stall": args.stall,
+        "client_loop": args.client_loop,
+        "wait_idle": args.wait_idle,
+        "tether_wrapper": args.tether_wrapper,
+        "tether_python_args": args.tether_python_args,
+    }
+    env = environment()
+    load0 = [round(x, 2) for x in os.getloadavg()]
+    print(
+        f"JetStream publish: {env['nproc']} CPU ({env['cpu']}), {env['mem_gib']} GiB, "
+        f"Python {env['python']}, nats-py {env['nats_py']}, tether {env['tether']}, "
+        f"nats-server {env['nats_server']}; load average {load0}"
+    )
+    print(
+        f"payload {args.size} B; raw {args.messages:,} (window {args.window:,}), "
+        f"nats-py {args.nats_py_messages:,} (gather {args.group}), "
+        f"read {args.read_messages:,} (batch {args.read_batch}); "
+        f"nats-server-sync {args.sync_messages:,} per publish load, cap {args.sync_cap:g}s"
+    )
+    results = run(opts)
+    summary = summarize(results)
+    print_table(summary, opts)
+    out = {
+        "benchmark": "js_publish",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "environment": env,
+        "loadavg": {"start": load0, "end": [round(x, 2) for x in os.getloadavg()]},
+        "summary": summary,
+        "runs": [asdict(r) for r in results],
+    }
+    print(json.dumps(out, separators=(",", ":")))
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
