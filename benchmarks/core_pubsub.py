@@ -511,6 +511,13 @@ def _recv(conn: Connection, what: str, timeout: float) -> Any:
         raise BenchError(f"{what}: process died") from None
 
 
+def _expect_ready(conn: Connection, what: str, timeout: float) -> None:
+    answer = _recv(conn, f"{what} start", timeout)
+    if answer != "ready":
+        error = answer.get("error") if isinstance(answer, dict) else answer
+        raise BenchError(f"{what} did not start: {error}")
+
+
 def measure(load: str, server: ServerProcess, name: str, n: int, opts: dict[str, Any]) -> Result:
     """Run one load against a running server; the child processes never outlive this."""
     ctx = mp.get_context("spawn")
@@ -526,11 +533,9 @@ def measure(load: str, server: ServerProcess, name: str, n: int, opts: dict[str,
         result.idle_wait = wait_idle(opts["wait_idle"])
     try:
         sub.start()
-        if _recv(sub_parent, "subscriber start", 30) != "ready":
-            raise BenchError("subscriber did not start")
+        _expect_ready(sub_parent, "subscriber", opts["stall_timeout"] + 30)
         pub.start()
-        if _recv(pub_parent, "publisher start", 30) != "ready":
-            raise BenchError("publisher did not start")
+        _expect_ready(pub_parent, "publisher", opts["stall_timeout"] + 30)
         cpu0 = server.cpu_seconds()
         busy0 = machine_busy_seconds()
         pub_parent.send("go")
@@ -551,9 +556,9 @@ def measure(load: str, server: ServerProcess, name: str, n: int, opts: dict[str,
             "subscriber": sside.cpu / wall,
             "server": server_cpu / wall,
         }
+        result.server_us_per_msg = server_cpu / max(1, sside.count) * 1e6
         # CPU the machine spent on anything else meanwhile (other jobs, the kernel's
         # softirq work not charged to our processes, this driver): noise indicator.
-        result.server_us_per_msg = server_cpu / max(1, sside.count) * 1e6
         own = pside.cpu + sside.cpu + server_cpu
         result.cpu["other"] = max(0.0, busy - own) / wall
         result.bound = _bound(name, result.cpu)
@@ -561,6 +566,8 @@ def measure(load: str, server: ServerProcess, name: str, n: int, opts: dict[str,
         result.error = str(exc)
     finally:
         for proc in (pub, sub):
+            if proc.pid is None:
+                continue  # never started
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
@@ -600,7 +607,7 @@ def _bound(server: str, cpu: dict[str, float]) -> str:
     busy = [side for side, use in cpu.items() if use >= 0.85 and side != "other"]
     cores = os.cpu_count() or 1
     if sum(cpu.values()) >= 0.9 * cores:
-        return "machine (all cores busy): " + "+".join(busy or ["?"])
+        return "machine (all cores busy)" + (": " + "+".join(busy) if busy else "")
     if server == "tether" and "server" in busy:
         return "server"  # one event loop thread: one busy core is its ceiling
     clients = [side for side in busy if side != "server"]
@@ -690,7 +697,7 @@ def print_table(summary: dict[str, Any], opts: dict[str, Any]) -> None:
         return f"{v:,.0f}" if v else "-"
 
     def fmt_ratio(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f}x"
+        return "-" if v is None else f"{v:.3f}x"
 
     print()
     print(

@@ -506,3 +506,17 @@ def test_bounded_cache_evicts_and_stays_correct() -> None:
     index.add("s.>", 2)
     for i in range(200):
         assert sorted(index.match(f"s.{i}").plain) == [1, 2]
+
+
+def test_match_once_agrees_with_match_and_does_not_fill_the_cache() -> None:
+    from tether.engine.subjects import SubjectIndex
+
+    index: SubjectIndex[str] = SubjectIndex()
+    index.add("_INBOX.abc.*", "inbox")
+    index.add("_INBOX.>", "all")
+    index.add("orders.new", "orders")
+    once = index.match_once("_INBOX.abc.17")
+    assert sorted(once.plain) == ["all", "inbox"]
+    assert index.match_once("orders.new").plain == ("orders",)
+    assert "_INBOX.abc.17" not in index._cache
+    assert index.match("_INBOX.abc.17") == once

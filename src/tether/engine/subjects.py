@@ -361,6 +361,12 @@ class SubjectIndex(Generic[T]):
         """
         return self._cache[subject]
 
+    def match_once(self, subject: str) -> Match[T]:
+        """Like :meth:`match`, without caching: for subjects used once (reply inboxes,
+        ack subjects), which would only evict the hot entries of the cache."""
+        cached = self._cache.get(subject)
+        return cached if cached is not None else self._compute(subject)
+
     def _invalidate(self, filters: Iterable[str]) -> None:
         """Drop cached results that an entry change under any of ``filters`` affects."""
         cache = self._cache

@@ -51,23 +51,28 @@ async def ack_through(opts: ReadOptions, seq: int) -> int:
     if floor >= seq:
         return 0
     policy = info.config.ack_policy or AckPolicy.EXPLICIT
+    delivered = info.delivered.stream_seq if info.delivered else 0
     sub = await js.pull_subscribe(opts.stream, name)
     acked = 0
     try:
-        while True:
-            msgs = await sub.fetch(_ROUND, timeout=2.0, no_wait=True)
+        while delivered < seq:
+            # At most seq - delivered new messages can lie at or below seq: asking for
+            # no more keeps the consumer from running ahead of the checkpoint.
+            want = min(_ROUND, seq - delivered)
+            msgs = await sub.fetch(want, timeout=2.0, no_wait=True)
             if not msgs:
                 break
+            delivered = max(delivered, max(m.metadata.stream_seq for m in msgs))
             within = [m for m in msgs if m.metadata.stream_seq <= seq]
-            # Messages past ``seq`` stay unacknowledged: the server redelivers them
-            # after ack_wait and a later commit acknowledges them.
+            # Messages past ``seq`` (possible with subject filters) stay unacknowledged:
+            # the server redelivers them after ack_wait and a later commit acks them.
             if policy == AckPolicy.ALL and within:
                 await within[-1].ack_sync()
             elif policy == AckPolicy.EXPLICIT:
                 for msg in within:
                     msg.ack_nowait()
             acked += len(within)
-            if len(within) < len(msgs) or len(msgs) < _ROUND:
+            if len(within) < len(msgs):
                 break
         await js.conn.flush()
     finally:

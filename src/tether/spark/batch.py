@@ -45,5 +45,6 @@ class TetherBatchReader(DataSourceReader):
         return planning.partitions(opts, method, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, RangePartition)
+        if not isinstance(partition, RangePartition):
+            return iter(())  # Spark's placeholder when there is nothing to read
         return read_partition(partition)

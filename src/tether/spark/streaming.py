@@ -164,7 +164,8 @@ class TetherStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return planning.partitions(self.opts, planning.read_method(self.opts, info), lo, last)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, RangePartition)
+        if not isinstance(partition, RangePartition):
+            return iter(())  # Spark's placeholder when there is nothing to read
         return read_partition(partition)
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -177,6 +177,7 @@ class Parser:
         "_hsize",
         "_kind",
         "_need",
+        "_pub_lines",
         "max_control_line",
         "max_payload",
         "server_side",
@@ -200,6 +201,7 @@ class Parser:
         self._hsize = 0
         self._args: tuple[str, str, str] = ("", "", "")
         self._dead = False
+        self._pub_lines: dict[bytes, tuple[str, str, int, bytes]] = {}
 
     @property
     def pending(self) -> int:
@@ -232,9 +234,12 @@ class Parser:
         except ProtocolError:
             self._dead = True
             raise
-        except (ValueError, IndexError, UnicodeError) as exc:  # defensive: never leak these
+        except BaseException:
+            # A handler failed mid-buffer: the bytes after its frame are lost, so the
+            # stream cannot be resumed. Re-raise the handler's own error unchanged (the
+            # property tests prove the parser itself raises nothing but ProtocolError).
             self._dead = True
-            raise ProtocolError(UNKNOWN_OPERATION) from exc
+            raise
         if pos < len(buf):
             self._buf += buf[pos:] if pos else buf
 
@@ -243,6 +248,7 @@ class Parser:
         n = len(buf)
         pos = 0
         max_line = self.max_control_line
+        pub_lines = self._pub_lines
         while pos < n:
             kind = self._kind
             if kind:
@@ -275,6 +281,35 @@ class Parser:
             if nl - pos > max_line:
                 self._check_long_line(line)
             pos = nl + 1
+            hit = pub_lines.get(line)
+            if hit is not None:
+                # A PUB line seen before on this connection: no split, no decode.
+                subject, reply, size, head = hit
+                end = pos + size + 2
+                if end > n:
+                    if end - 1 == n and buf[n - 1] != 13:
+                        raise ProtocolError(UNKNOWN_OPERATION)
+                    self._kind = _PUB
+                    self._need = size + 2
+                    self._args = (subject, reply, "")
+                    return pos
+                if buf[end - 2] != 13 or buf[end - 1] != 10:
+                    raise ProtocolError(UNKNOWN_OPERATION)
+                h.on_pub(subject, reply, buf[pos : end - 2])
+                pos = end
+                # A run of the same PUB line (one publisher, one subject, one size): the
+                # next line is predicted, so no find, no slice, no lookup.
+                hl = len(head)
+                while buf.startswith(head, pos):
+                    start = pos + hl
+                    end = start + size + 2
+                    if end > n:
+                        break  # the general path above records the partial frame
+                    if buf[end - 2] != 13 or buf[end - 1] != 10:
+                        raise ProtocolError(UNKNOWN_OPERATION)
+                    h.on_pub(subject, reply, buf[start : end - 2])
+                    pos = end
+                continue
             parts = line.split()
             if not parts:
                 raise ProtocolError(UNKNOWN_OPERATION)
@@ -288,22 +323,25 @@ class Parser:
                 else:
                     raise _arguments_error(line, parts[0])
                 raw = parts[argc - 1]
-                size = _SIZES.get(raw)
-                if size is None:
-                    size = _size(raw)
+                known = _SIZES.get(raw)
+                size = _size(raw) if known is None else known
                 if size > self.max_payload:
                     raise _too_big(size)
+                subject = decode(parts[1])
+                if len(pub_lines) >= 256:
+                    pub_lines.clear()
+                pub_lines[line] = (subject, reply, size, line + b"\r\n")
                 end = pos + size + 2
                 if end > n:
                     if end - 1 == n and buf[n - 1] != 13:
                         raise ProtocolError(UNKNOWN_OPERATION)
                     self._kind = _PUB
                     self._need = size + 2
-                    self._args = (decode(parts[1]), reply, "")
+                    self._args = (subject, reply, "")
                     return pos
                 if buf[end - 2 : end] != b"\r\n":
                     raise ProtocolError(UNKNOWN_OPERATION)
-                h.on_pub(decode(parts[1]), reply, buf[pos : end - 2])
+                h.on_pub(subject, reply, buf[pos : end - 2])
                 pos = end
                 continue
             self._op(line, parts, h)

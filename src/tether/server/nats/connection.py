@@ -32,6 +32,9 @@ log = logging.getLogger("tether.nats")
 # Seconds a closed connection keeps reading what its peer still sends (see ``_close``).
 LINGER = 2.0
 
+CRLF = b"\r\n"
+_SIZE_LINES = [b"%d\r\n" % i for i in range(4096)]
+
 
 class ConnectOptions(msgspec.Struct, rename={"password": "pass"}):
     """The CONNECT fields the server reads; ``None`` means "not sent" (keep what we had).
@@ -67,7 +70,7 @@ _decode_any = msgspec.json.Decoder().decode
 class ClientSubscription:
     """A client's SUB: delivers MSG/HMSG frames into the client's output buffer."""
 
-    __slots__ = ("client", "delivered", "max_msgs", "queue", "sid", "sid_b", "subject")
+    __slots__ = ("client", "delivered", "heads", "max_msgs", "queue", "sid", "sid_b", "subject")
 
     def __init__(self, client: ClientConnection, subject: str, queue: str, sid: str) -> None:
         self.client: ClientConnection | None = client
@@ -77,6 +80,7 @@ class ClientSubscription:
         self.sid_b = encode(sid)
         self.max_msgs = 0
         self.delivered = 0
+        self.heads: dict[bytes, bytes] = {}  # subject bytes -> b"MSG <subject> <sid> "
 
     def deliver(
         self, subject: str, reply: str, headers: bytes | None, payload: bytes, sb: bytes, rb: bytes
@@ -85,7 +89,15 @@ class ClientSubscription:
         if client is None:
             return
         self.delivered += 1
-        client.send_msg(self.sid_b, sb, rb, headers, payload)
+        if headers is None and not rb:
+            head = self.heads.get(sb)
+            if head is None:
+                if len(self.heads) >= 256:
+                    self.heads.clear()
+                head = self.heads[sb] = b"MSG %s %s " % (sb, self.sid_b)
+            client.send_plain(head, payload)
+        else:
+            client.send_msg(self.sid_b, sb, rb, headers, payload)
         if self.max_msgs and self.delivered >= self.max_msgs:
             client.remove_subscription(self)
 
@@ -132,6 +144,7 @@ class ClientConnection(asyncio.Protocol):
         self._auth_timer: asyncio.TimerHandle | None = None
         self._auth_required = cfg.auth_required
         self._loop = asyncio.get_running_loop()
+        self._publish = server.router.publish
 
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -175,6 +188,10 @@ class ClientConnection(asyncio.Protocol):
                 self.close()
             else:
                 self.close_with_error(exc.message)
+        except Exception:
+            # A bug behind a handler must cost this client its connection, never the server.
+            log.exception("client %d: internal error while handling input", self.cid)
+            self.close_with_error("Internal Server Error")
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -238,6 +255,18 @@ class ClientConnection(asyncio.Protocol):
         if self._out_size > self.server.config.max_pending:
             self._slow_consumer()
 
+    def send_plain(self, head: bytes, payload: bytes) -> None:
+        """A MSG without reply or headers; ``head`` is the cached ``MSG <subject> <sid> ``."""
+        plen = len(payload)
+        self._out += (head, _SIZE_LINES[plen] if plen < 4096 else b"%d\r\n" % plen, payload, CRLF)
+        self.out_msgs += 1
+        self.out_bytes += plen
+        self._out_size += len(head) + plen + 8
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+        if self._out_size > self.server.config.max_pending:
+            self._slow_consumer()
+
     def write(self, data: bytes) -> None:
         if self.closing:
             return
@@ -251,8 +280,9 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.closing or not self._out:
             return
-        transport.writelines(self._out)
-        self._out.clear()
+        out = self._out
+        transport.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
         self._out_size = 0
         if transport.get_write_buffer_size() > self.server.config.max_pending:
             self._slow_consumer()
@@ -397,11 +427,7 @@ class ClientConnection(asyncio.Protocol):
         self.in_bytes += len(payload)
         if self.verbose:
             self.write(OK)
-        if ".." in subject or subject[0] == "." or subject[-1] == ".":
-            # An empty token matches no subscription, as in nats-server's sublist.
-            self.server.router.no_interest(self, subject, reply)
-            return
-        self.server.router.publish(self, subject, reply, None, payload)
+        self._publish(self, subject, reply, None, payload)  # the router checks the subject
 
     def on_hpub(self, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
         if not self.headers:

@@ -57,16 +57,23 @@ def _no_responders_block(subject: str) -> bytes:
     return b"NATS/1.0 503\r\nNats-Subject: " + encode(subject) + b"\r\n\r\n"
 
 
+# Subjects that are (almost) never published to twice: caching their matches would
+# only evict the subjects that do repeat.
+_ONE_SHOT = ("_INBOX.", "$JS.ACK.")
+
+
 class Router:
     """Matches published subjects to subscribers and hands each one its copy."""
 
-    __slots__ = ("_choice", "index", "out_bytes", "out_msgs")
+    __slots__ = ("_choice", "_match", "_subject_bytes", "index", "out_bytes", "out_msgs")
 
     def __init__(self) -> None:
         self.index: SubjectIndex[Subscriber] = SubjectIndex()
         self.out_msgs = 0
         self.out_bytes = 0
         self._choice = random.choice
+        self._match = self.index._cache  # the match cache itself: a hit is one C subscript
+        self._subject_bytes: dict[str, bytes] = {}
 
     def subscribe_internal(
         self, subject: str, handler: InternalHandler, queue: str = ""
@@ -91,14 +98,30 @@ class Router:
         payload: bytes,
     ) -> int:
         """Deliver to every matching subscriber; returns how many copies went out."""
-        m = self.index.match(subject)
+        sb = self._subject_bytes.get(subject)
+        if sb is not None:
+            m = self._match[subject]  # the match cache itself: a hit is one C subscript
+        else:
+            if ".." in subject or subject[0] == "." or subject[-1] == ".":
+                # An empty token matches no subscription, as in nats-server's sublist.
+                if reply and origin is not None and origin.no_responders:
+                    self._no_responders(origin, subject, reply)
+                return 0
+            sb = encode(subject)
+            if subject.startswith(_ONE_SHOT):
+                m = self.index.match_once(subject)
+            else:
+                # First sight of this subject: checked once, its wire bytes remembered.
+                if len(self._subject_bytes) >= 8192:
+                    self._subject_bytes.clear()
+                self._subject_bytes[subject] = sb
+                m = self._match[subject]
         plain = m.plain
         groups = m.groups
         if not plain and not groups:
             if reply and origin is not None and origin.no_responders:
                 self._no_responders(origin, subject, reply)
             return 0
-        sb = encode(subject)
         rb = encode(reply) if reply else b""
         no_echo = origin is not None and not origin.echo
         sent = 0
