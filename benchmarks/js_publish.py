@@ -206,8 +206,11 @@ def raw_connect(port: int, subscribe: bytes, stall: float) -> tuple[socket.socke
     """Connect, CONNECT, SUB and wait for the PONG; returns the socket and unread bytes."""
     sock = socket.create_connection((HOST, port), timeout=stall)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    deadline = time.monotonic() + stall  # each recv is bounded by the socket timeout too
     buf = b""
     while b"\r\n" not in buf:
+        if time.monotonic() > deadline:
+            raise BenchError(f"no INFO within {stall:.0f}s")
         chunk = sock.recv(65536)
         if not chunk:
             raise BenchError("server closed the connection before INFO")
@@ -217,6 +220,8 @@ def raw_connect(port: int, subscribe: bytes, stall: float) -> tuple[socket.socke
     buf = buf[buf.index(b"\r\n") + 2 :]
     sock.sendall(CONNECT + b"SUB " + subscribe + b" 1\r\nPING\r\n")
     while b"PONG\r\n" not in buf:
+        if time.monotonic() > deadline:
+            raise BenchError(f"no PONG within {stall:.0f}s")
         if b"-ERR" in buf:
             raise BenchError(f"server error: {buf[:200]!r}")
         chunk = sock.recv(65536)

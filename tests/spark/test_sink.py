@@ -141,5 +141,5 @@ def test_bad_sink_input(
 
 def test_subject_without_stream_is_a_clear_error(spark: Any, server: RunningServer) -> None:
     df = spark.createDataFrame([("nowhere.x", "v")], "subject string, value string")
-    with pytest.raises(Exception, match="no stream .* captures subject 'nowhere.x'"):
+    with pytest.raises(Exception, match=r"no stream .* captures subject 'nowhere\.x'"):
         df.write.format("tether").option("servers", server.url).mode("append").save()

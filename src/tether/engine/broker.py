@@ -63,6 +63,9 @@ class PubAck:
     duplicate: bool = False
 
 
+AckCallback = Callable[[PubAck | errors.ApiError], None]
+
+
 class _Tick:
     """What one group commit carries besides the writes: who to tell when it lands."""
 
@@ -70,7 +73,9 @@ class _Tick:
 
     def __init__(self) -> None:
         self.appended: list[tuple[Stream, int, str]] = []
-        self.waiters: list[Callable[[BaseException | None], None]] = []
+        # (callback, stream name, seq, duplicate): the PubAck is built only when the
+        # commit lands, so a publish allocates no closure of its own.
+        self.waiters: list[tuple[AckCallback, str, int, bool]] = []
         # The first sequence this commit holds, per stream (commits are in seq order).
         self.first_seq: dict[str, int] = {}
 
@@ -86,6 +91,8 @@ class Broker:
         # The consumers of every stream; set by the registry when it attaches.
         self.consumers: ConsumerRegistry | None = None
         self._ticks: dict[int, _Tick] = {}
+        self._last_fut: asyncio.Future[None] | None = None
+        self._last_tick: _Tick | None = None
         self._expiry_timer: Timer | None = None
         self._expiry_at = 0
 
@@ -337,12 +344,7 @@ class Broker:
         if stream.name not in tick.first_seq:
             tick.first_seq[stream.name] = seq
         if on_durable is not None:
-            ack = PubAck(stream.name, seq)
-
-            def done(exc: BaseException | None) -> None:
-                on_durable(ack if exc is None else _storage_failed(exc))
-
-            tick.waiters.append(done)
+            tick.waiters.append((on_durable, stream.name, seq, False))
         if cfg.max_age and not self._expiry_timer:
             self._schedule_expiry()
 
@@ -350,28 +352,32 @@ class Broker:
         self, stream: Stream, seq: int, on_durable: Callable[[PubAck | errors.ApiError], None]
     ) -> None:
         """Acknowledge a duplicate, but not before the original's commit is durable."""
-        ack = PubAck(stream.name, seq, True)
         for tick in reversed(self._ticks.values()):
             first = tick.first_seq.get(stream.name)
             if first is not None and first <= seq:
-
-                def done(exc: BaseException | None) -> None:
-                    on_durable(ack if exc is None else _storage_failed(exc))
-
-                tick.waiters.append(done)
+                tick.waiters.append((on_durable, stream.name, seq, True))
                 return
-        on_durable(ack)
+        on_durable(PubAck(stream.name, seq, True))
 
     def _tick_for(self, fut: asyncio.Future[None]) -> _Tick:
+        # Every write of a loop tick returns the same future: remember the last one so
+        # the common case is one identity check, not a dict lookup per publish.
+        if fut is self._last_fut and self._last_tick is not None:
+            return self._last_tick
         key = id(fut)
         tick = self._ticks.get(key)
         if tick is None:
             tick = self._ticks[key] = _Tick()
             fut.add_done_callback(lambda f: self._committed(key, f))
+        self._last_fut = fut
+        self._last_tick = tick
         return tick
 
     def _committed(self, key: int, fut: asyncio.Future[None]) -> None:
         tick = self._ticks.pop(key)
+        if self._last_tick is tick:
+            self._last_fut = None
+            self._last_tick = None
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if exc is not None:
             log.error("group commit failed: %s", exc)
@@ -391,8 +397,13 @@ class Broker:
                 if self.streams.get(stream.name) is stream:
                     for listener in self.listeners:
                         listener.on_messages_committed(stream, seqs)
-        for waiter in tick.waiters:
-            waiter(exc)
+        if exc is None:
+            for callback, name, seq, duplicate in tick.waiters:
+                callback(PubAck(name, seq, duplicate))
+        else:
+            failed = _storage_failed(exc)
+            for callback, _, _, _ in tick.waiters:
+                callback(failed)
 
     # -- reads ------------------------------------------------------------------------------------
     async def read(self, stream: Stream, seq: int) -> StoredMessage | None:

@@ -16,9 +16,11 @@ loop thread already receives batch *k+1*.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -122,6 +124,19 @@ def _user_headers(block: bytes, direct: bool) -> list[dict[str, Any]]:
     return out
 
 
+def _binary(items: list[bytes]) -> Any:
+    """An Arrow ``binary`` array of ``items``, built from one joined buffer (about twice
+    as fast as converting the list element by element)."""
+    import pyarrow as pa
+
+    try:
+        offsets = array.array("i", itertools.accumulate(map(len, items), initial=0))
+    except OverflowError:  # 2 GiB or more: let Arrow chunk it
+        return pa.array(items, pa.binary())
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(items))]
+    return pa.Array.from_buffers(pa.binary(), len(items), buffers)
+
+
 class _Chunk:
     """Columns of one server batch, filled by the loop thread."""
 
@@ -150,9 +165,9 @@ class _Chunk:
             ns = pa.array(self.stamps, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
         columns = [
             pa.repeat(pa.scalar(stream, pa.string()), n),
-            pa.array(self.subjects, pa.binary()).cast(pa.string()),
+            _binary(self.subjects).cast(pa.string()),
             pa.array(self.seqs, pa.int64()),
-            pa.array(self.values, pa.binary()),
+            _binary(self.values),
             ns.cast(ts_type, safe=False),  # Spark keeps microseconds: truncate
         ]
         if include_headers:
@@ -227,8 +242,19 @@ class _DirectReader:
         if hdr[8:9] == b" ":  # a status line: end of batch, nothing found, or an error
             self._on_status(chunk, hdr)
             return
-        seq = int(_value(hdr, b"Nats-Sequence"))
-        if not chunk.seqs and chunk.pending < 0 and b"\r\nNats-Num-Pending:" not in hdr:
+        lines = hdr.split(b"\r\n")
+        # Tether and nats-server append, in this order, Nats-Stream, Nats-Subject,
+        # Nats-Sequence, Nats-Time-Stamp, Nats-Num-Pending and Nats-Last-Sequence after
+        # the stored headers: read them by position, and search only if that fails.
+        if len(lines) >= 9 and lines[-6][:15] == b"Nats-Sequence: ":
+            seq = int(lines[-6][15:])
+            subject = lines[-7][14:]
+            stamp = lines[-5][17:]
+        elif b"\r\nNats-Num-Pending:" in hdr:
+            seq = int(_value(hdr, b"Nats-Sequence"))
+            subject = _value(hdr, b"Nats-Subject")
+            stamp = _value(hdr, b"Nats-Time-Stamp")
+        else:
             self._finish(
                 TetherSparkError(
                     "the server answered a batched DIRECT.GET with a single message: it does "
@@ -241,7 +267,6 @@ class _DirectReader:
         if seq >= self.p.end:
             chunk.done = True
             return
-        subject = _value(hdr, b"Nats-Subject")
         if self.local_filters and not any(
             subject_matches(subject.decode(), f) for f in self.local_filters
         ):
@@ -249,7 +274,7 @@ class _DirectReader:
         chunk.seqs.append(seq)
         chunk.subjects.append(subject)
         chunk.values.append(msg.data)
-        chunk.stamps.append(_value(hdr, b"Nats-Time-Stamp"))
+        chunk.stamps.append(stamp)
         if chunk.headers is not None:
             chunk.headers.append(_user_headers(hdr, direct=True))
 

@@ -1,0 +1,167 @@
+"""Spark data source throughput: batch and streaming reads of a stream on ``local[2]``.
+
+Fills a stream with ``--messages`` messages of ``--size`` bytes (SDK ``publish_async``),
+then measures, each on the whole stream:
+
+* ``fetch only``: the executor read path (batched DIRECT.GET into Arrow batches) run
+  in this process without Spark: the ceiling the server and client allow;
+* ``batch, Arrow``: ``spark.read.format("tether")`` with ``--partitions`` partitions,
+  ``read()`` yielding Arrow record batches (what the connector does);
+* ``batch, tuples``: the same reads yielding one Python tuple per row (for comparison);
+* ``streaming``: ``readStream`` with ``maxOffsetsPerTrigger`` into the ``noop`` sink,
+  ``availableNow`` trigger: end-to-end rows/s including micro-batch planning.
+
+Rows/s = messages / wall time of the Spark action (session start excluded).
+
+    .venv/bin/python benchmarks/spark_read.py                     # 1M x 128 B on Tether
+    .venv/bin/python benchmarks/spark_read.py --messages 200000 --peer nats-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _peers import start_nats_server, start_tether  # after the sys.path tweak above
+
+from tether.client import connect
+from tether.spark import TetherDataSource, _runtime
+from tether.spark._fetch import RangePartition, read_partition
+from tether.spark.batch import TetherBatchReader
+from tether.spark.options import read_options
+
+
+async def fill(url: str, messages: int, size: int) -> float:
+    """Create BENCH and publish; returns messages per second."""
+    nc = await connect(url)
+    js = nc.jetstream(timeout=30, max_pending_acks=4000)
+    await js.add_stream(name="BENCH", subjects=["bench.>"], allow_direct=True)
+    payload = b"x" * size
+    start = time.perf_counter()
+    for i in range(messages):
+        await js.publish_async(f"bench.{i % 16}", payload)
+    await js.publish_async_completed(timeout=120)
+    rate = messages / (time.perf_counter() - start)
+    await nc.close()
+    return rate
+
+
+class TupleReader(TetherBatchReader):
+    """The connector's reader, but yielding a Python tuple per row (the slow path)."""
+
+    def read(self, partition: Any) -> Iterator[Any]:
+        if not isinstance(partition, RangePartition):
+            return
+        for batch in read_partition(partition):
+            yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
+
+
+class TupleSource(TetherDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "tether_tuples"
+
+    def reader(self, schema: Any) -> Any:
+        return TupleReader(read_options(self.options, streaming=False))
+
+
+def fetch_only(url: str, messages: int) -> float:
+    opts = read_options({"servers": url, "stream": "BENCH"}, streaming=False)
+    part = RangePartition(opts.conn, "BENCH", 1, messages + 1, (), False, "direct", 10_000, 8 << 20)
+    start = time.perf_counter()
+    rows = sum(batch.num_rows for batch in read_partition(part))
+    elapsed = time.perf_counter() - start
+    assert rows == messages, rows
+    return rows / elapsed
+
+
+def timed(action: Any) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, float]:
+    results: dict[str, float] = {}
+    n = args.messages
+    for label, fmt in (("batch, Arrow", "tether"), ("batch, tuples", "tether_tuples")):
+        df = (
+            spark.read.format(fmt)
+            .option("servers", url)
+            .option("stream", "BENCH")
+            .option("minPartitions", str(args.partitions))
+            .option("maxRecordsPerPartition", str(max(1, n // args.partitions)))
+            .load()
+        )
+        start = time.perf_counter()
+        (count,) = df.selectExpr("count(*)").collect()[0]
+        elapsed = time.perf_counter() - start
+        assert count == n, count
+        results[label] = n / elapsed
+    checkpoint = Path(args.workdir) / f"ck-{time.time_ns()}"
+    query = (
+        spark.readStream.format("tether")
+        .option("servers", url)
+        .option("stream", "BENCH")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(args.per_trigger))
+        .option("minPartitions", str(args.partitions))
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+    )
+    elapsed = timed(lambda: query.start().awaitTermination())
+    results["streaming"] = n / elapsed
+    return results
+
+
+def run_against(server_url: str, name: str, spark: Any, args: argparse.Namespace) -> None:
+    pub = asyncio.run(fill(server_url, args.messages, args.size))
+    print(f"[{name}] published {args.messages:,} x {args.size} B at {pub:,.0f} msg/s")
+    print(f"[{name}] fetch only (no Spark): {fetch_only(server_url, args.messages):,.0f} rows/s")
+    _runtime.close_all()
+    for label, rate in spark_runs(spark, server_url, args).items():
+        print(f"[{name}] {label:<14} {rate:>10,.0f} rows/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--per-trigger", type=int, default=100_000)
+    parser.add_argument("--store", default="memory", help="Tether store: memory or sqlite")
+    parser.add_argument("--peer", choices=("tether", "nats-server"), default="tether")
+    parser.add_argument("--workdir", default="/tmp")
+    args = parser.parse_args()
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("tether-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(TupleSource)
+    start = start_tether(store=args.store) if args.peer == "tether" else start_nats_server()
+    with start as server:
+        run_against(server.url, args.peer, spark, args)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
