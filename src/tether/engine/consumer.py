@@ -25,6 +25,7 @@ from tether.engine.clock import Clock, Timer
 from tether.engine.consumer_acks import PRIORITY_KEY, AckHandling
 from tether.engine.consumer_config import ConsumerConfig, format_rfc3339, parse_rfc3339
 from tether.engine.consumer_io import ConsumerHost, DeliverySink
+from tether.engine.consumer_jobs import JobControl
 from tether.engine.consumer_pull import PullDelivery
 from tether.engine.consumer_push import FC_START, PushDelivery
 from tether.engine.cursor import Matcher, PriorityCursor, SequenceCursor, StreamHead, make_cursor
@@ -40,7 +41,7 @@ from tether.storage.base import MessageMeta
 NS = 1_000_000_000
 
 
-class Consumer(AckHandling, PullDelivery, PushDelivery):
+class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
     """One consumer of one stream."""
 
     def __init__(
@@ -196,9 +197,10 @@ class Consumer(AckHandling, PullDelivery, PushDelivery):
         start = max_taken = lps_end = 0
         lps: list[int] = []
         prio: list[int] = []
+        ahead: list[int] = []
         if isinstance(cursor, PriorityCursor):
             position, prio = cursor.max_taken + 1, cursor.save()
-            start, max_taken = cursor.start, cursor.max_taken
+            start, max_taken, ahead = cursor.start, cursor.max_taken, sorted(cursor.ahead)
         else:
             position, lps, lps_end = cursor.save()
         state = SavedState(
@@ -214,6 +216,7 @@ class Consumer(AckHandling, PullDelivery, PushDelivery):
             last_ack_ns=self.last_ack_ns,
             lps=lps,
             lps_end=lps_end,
+            ahead=ahead,
         )
         self.state.dump_into(state)
         self._changed = False
