@@ -18,6 +18,7 @@ fake clock.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from tether.engine import pull_queue as pq
@@ -72,6 +73,10 @@ class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
         self.last_delivered_ns = 0
         self.last_ack_ns = 0
         self.push_active = False
+        # Set when another front door owns the consumer (the webhook-broker HTTP API):
+        # nothing is delivered over NATS, and this is called whenever messages may have
+        # become available (a timeout, a nak, a requeue), so that door can hand them out.
+        self.on_available: Callable[[], None] | None = None
         self._changed = False
         self._pumping = False
         self._again = False
@@ -116,7 +121,8 @@ class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
         self.ack_wait = config.ack_wait if not self.ack_none else 0
         self.backoff = list(config.backoff)
         self.max_deliver = config.max_deliver if config.max_deliver > 0 else 0
-        self.max_ack_pending = config.max_ack_pending if not self.ack_none else 0
+        # -1 means unlimited, like 0 here.
+        self.max_ack_pending = max(config.max_ack_pending, 0) if not self.ack_none else 0
         self.max_waiting = config.max_waiting
         self.priority_order = config.priority_order
         self._key_mod = PRIORITY_KEY if config.priority_order else 0
@@ -255,6 +261,9 @@ class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
             self._again = True
             return
         if self.deleted or (self.paused_until and self.paused):
+            return
+        if self.on_available is not None:
+            self.on_available()
             return
         self._pumping = True
         try:
