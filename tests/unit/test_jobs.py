@@ -372,3 +372,15 @@ def test_jobs_exist_for_messages_stored_after_the_consumer_and_leave_with_them()
     view.consumer.on_removed([3], False)
     assert view.info(3) is None
     assert view.counts()[QUEUED] == 1
+
+
+def test_status_summaries_see_exhausted_jobs_as_dead() -> None:
+    view, clock = make(max_retry=0)
+    fill(view, clock, [0, 0, 0])
+    view.claim(2)
+    view.transition(1, DELIVERED, 0)
+    clock.advance(BASE + 0.1)  # job 2 timed out with its one attempt used: dead
+    stamps = view.stamps()
+    assert (len(stamps[QUEUED]), len(stamps[INFLIGHT]), len(stamps[DEAD])) == (1, 0, 1)
+    assert view.delivered_count() == 1
+    assert view.counts() == {QUEUED: 1, INFLIGHT: 0, DEAD: 1}

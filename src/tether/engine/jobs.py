@@ -221,24 +221,36 @@ class JobView:
     def stamps(self) -> dict[str, list[int]]:
         """Status-change times of the jobs that are not delivered, per status."""
         c = self.consumer
+        c.reap()  # first: it changes the state walked below
+        state = c.state
         out: dict[str, list[int]] = {QUEUED: [], INFLIGHT: [], DEAD: []}
-        for seq in c.state.pending:
-            status = self.status(seq)
-            if status is not None and status != DELIVERED:
-                out[status].append(self.changed.get(seq, 0) or c.state.pending[seq][1])
-        for letter in c.state.dead.values():
+        for seq, (_, delivered_at) in state.pending.items():
+            status = QUEUED if seq in state.queued or seq in self.backing_off else INFLIGHT
+            out[status].append(self.changed.get(seq, 0) or delivered_at)
+        for letter in state.dead.values():
             out[DEAD].append(self.changed.get(letter.seq, letter.ts))
         for meta in c.peek_available(c.num_pending):
-            if meta.seq not in c.state.pending:
+            if meta.seq not in state.pending:
                 out[QUEUED].append(meta.ts)
         return out
 
     def delivered_count(self) -> int:
         """How many jobs are DELIVERED (a walk of the stream: for status pages only)."""
         c = self.consumer
+        c.reap()
+        state = c.state
         cursor = c.cursor
         start = cursor.start if isinstance(cursor, PriorityCursor) else 1
-        return sum(1 for seq in c.stream.seqs(start) if self.status(seq) == DELIVERED)
+        committed = c.head.committed
+        count = 0
+        for seq in c.stream.seqs(start):
+            if seq > committed:
+                break
+            if seq in state.pending or seq in state.dead or seq in self.dropped:
+                continue
+            if not c.is_available(seq):
+                count += 1
+        return count
 
     # -- moves ---------------------------------------------------------------------------------
     def _deadline(self, seq: int) -> int:
