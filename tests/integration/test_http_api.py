@@ -298,6 +298,43 @@ async def test_nats_publish_becomes_jobs_for_http_consumers(server: RunningServe
         assert other.status_code == 200 and other.json()["Payload"] == "anonymous"
 
 
+async def test_http_consumer_is_a_durable_consumer_seen_over_nats(server: RunningServer) -> None:
+    """CONSUMER.INFO reports an HTTP consumer, its jobs as pending / ack pending, and
+    its lifetime follows the HTTP API's."""
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        ch = unique("ci")
+        await http.put(f"/channel/{ch}", data={"token": "ct"})
+        base = f"/channel/{ch}/consumer/hook"
+        await http.put(base, data={"token": "kt", "callbackUrl": "http://x.test/", "type": "pull"})
+        nc = await nats.connect(server.url)
+        try:
+            js = nc.jetstream()
+            for i in range(3):
+                await js.publish(f"wb.{ch}", b"%d" % i)
+            auth = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "kt"}
+            claimed = (await http.post(f"{base}/claim", json={"Max": 1}, headers=auth)).json()
+            assert len(claimed["Result"]) == 1
+            info = await js.consumer_info(f"WB_{ch}", "hook")
+            assert (info.num_pending, info.num_ack_pending) == (2, 1)
+            assert info.config.durable_name == "hook"
+            assert info.config.max_deliver == 6  # max_retry 5 + the first attempt
+            await http.post(
+                f"{base}/job/{claimed['Result'][0]['ID']}",
+                json={"NextState": "DELIVERED"},
+                headers=auth,
+            )
+            info = await js.consumer_info(f"WB_{ch}", "hook")
+            assert (info.num_pending, info.num_ack_pending) == (2, 0)
+            assert info.ack_floor.stream_seq == 1
+            since = (await http.get(base)).headers["Last-Modified"]
+            gone = await http.delete(base, headers={"If-Unmodified-Since": since})
+            assert gone.status_code == 204
+            with pytest.raises(nats.js.errors.NotFoundError):
+                await js.consumer_info(f"WB_{ch}", "hook")
+        finally:
+            await nc.close()
+
+
 # -- status routes, security, bad input ----------------------------------------------------------------
 
 

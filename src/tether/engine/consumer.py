@@ -18,6 +18,7 @@ fake clock.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from tether.engine import pull_queue as pq
@@ -25,6 +26,7 @@ from tether.engine.clock import Clock, Timer
 from tether.engine.consumer_acks import PRIORITY_KEY, AckHandling
 from tether.engine.consumer_config import ConsumerConfig, format_rfc3339, parse_rfc3339
 from tether.engine.consumer_io import ConsumerHost, DeliverySink
+from tether.engine.consumer_jobs import JobControl
 from tether.engine.consumer_pull import PullDelivery
 from tether.engine.consumer_push import FC_START, PushDelivery
 from tether.engine.cursor import Matcher, PriorityCursor, SequenceCursor, StreamHead, make_cursor
@@ -40,7 +42,7 @@ from tether.storage.base import MessageMeta
 NS = 1_000_000_000
 
 
-class Consumer(AckHandling, PullDelivery, PushDelivery):
+class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
     """One consumer of one stream."""
 
     def __init__(
@@ -71,6 +73,10 @@ class Consumer(AckHandling, PullDelivery, PushDelivery):
         self.last_delivered_ns = 0
         self.last_ack_ns = 0
         self.push_active = False
+        # Set when another front door owns the consumer (the webhook-broker HTTP API):
+        # nothing is delivered over NATS, and this is called whenever messages may have
+        # become available (a timeout, a nak, a requeue), so that door can hand them out.
+        self.on_available: Callable[[], None] | None = None
         self._changed = False
         self._pumping = False
         self._again = False
@@ -115,7 +121,8 @@ class Consumer(AckHandling, PullDelivery, PushDelivery):
         self.ack_wait = config.ack_wait if not self.ack_none else 0
         self.backoff = list(config.backoff)
         self.max_deliver = config.max_deliver if config.max_deliver > 0 else 0
-        self.max_ack_pending = config.max_ack_pending if not self.ack_none else 0
+        # -1 means unlimited, like 0 here.
+        self.max_ack_pending = max(config.max_ack_pending, 0) if not self.ack_none else 0
         self.max_waiting = config.max_waiting
         self.priority_order = config.priority_order
         self._key_mod = PRIORITY_KEY if config.priority_order else 0
@@ -196,9 +203,10 @@ class Consumer(AckHandling, PullDelivery, PushDelivery):
         start = max_taken = lps_end = 0
         lps: list[int] = []
         prio: list[int] = []
+        ahead: list[int] = []
         if isinstance(cursor, PriorityCursor):
             position, prio = cursor.max_taken + 1, cursor.save()
-            start, max_taken = cursor.start, cursor.max_taken
+            start, max_taken, ahead = cursor.start, cursor.max_taken, sorted(cursor.ahead)
         else:
             position, lps, lps_end = cursor.save()
         state = SavedState(
@@ -214,6 +222,7 @@ class Consumer(AckHandling, PullDelivery, PushDelivery):
             last_ack_ns=self.last_ack_ns,
             lps=lps,
             lps_end=lps_end,
+            ahead=ahead,
         )
         self.state.dump_into(state)
         self._changed = False
@@ -252,6 +261,9 @@ class Consumer(AckHandling, PullDelivery, PushDelivery):
             self._again = True
             return
         if self.deleted or (self.paused_until and self.paused):
+            return
+        if self.on_available is not None:
+            self.on_available()
             return
         self._pumping = True
         try:

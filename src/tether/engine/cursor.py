@@ -227,6 +227,7 @@ class PriorityCursor:
         "_dirty",
         "_np",
         "_order",
+        "ahead",
         "cursors",
         "head",
         "match",
@@ -243,11 +244,15 @@ class PriorityCursor:
         start: int,
         cursors: dict[int, int] | None = None,
         max_taken: int = 0,
+        ahead: Iterable[int] = (),
     ) -> None:
         self.stream = stream
         self.head = head
         self.match = match
         self.cursors: dict[int, int] = dict(cursors or {})
+        # Messages handed out out of order (:meth:`take_ahead`) that their priority's
+        # cursor has not reached yet: the walk steps over them instead of re-serving them.
+        self.ahead: set[int] = set(ahead)
         self.start = start
         self.max_taken = max_taken or start - 1
         self._np = 0
@@ -285,7 +290,12 @@ class PriorityCursor:
             if seq > committed:
                 break
             meta = stream.meta(seq)
-            if meta is not None and seq >= cursors.get(meta.priority, 0) and match(meta.subject):
+            if (
+                meta is not None
+                and seq >= cursors.get(meta.priority, 0)
+                and match(meta.subject)
+                and seq not in self.ahead
+            ):
                 total += 1
         return total
 
@@ -294,25 +304,72 @@ class PriorityCursor:
         cursors = self.cursors
         match = self.match
         last = self.head.committed
+        ahead = self.ahead
         for priority in self._order:
             seq = cursors[priority]
             while seq <= last:
                 meta = stream.meta(seq)
                 if meta is not None and meta.priority == priority and match(meta.subject):
-                    cursors[priority] = seq
-                    return meta
+                    if not ahead or seq not in ahead:
+                        cursors[priority] = seq
+                        return meta
+                    ahead.discard(seq)  # the cursor moves past it: no longer "ahead"
                 seq += 1
             cursors[priority] = seq
         return None
 
+    def peek_many(self, limit: int) -> list[MessageMeta]:
+        """Up to ``limit`` messages :meth:`peek` would return in turn, moving nothing.
+
+        Higher priorities come first, so filling the list priority by priority yields
+        the overall first ``limit`` in order.
+        """
+        stream = self.stream
+        match = self.match
+        ahead = self.ahead
+        last = self.head.committed
+        out: list[MessageMeta] = []
+        for priority in self._order:
+            seq = self.cursors[priority]
+            while seq <= last and len(out) < limit:
+                meta = stream.meta(seq)
+                if (
+                    meta is not None
+                    and meta.priority == priority
+                    and match(meta.subject)
+                    and seq not in ahead
+                ):
+                    out.append(meta)
+                seq += 1
+            if len(out) >= limit:
+                break
+        return out
+
     def passed(self, meta: MessageMeta) -> bool:
-        return meta.seq < self.cursors.get(meta.priority, self.start)
+        return meta.seq < self.cursors.get(meta.priority, self.start) or meta.seq in self.ahead
+
+    def available(self, meta: MessageMeta) -> bool:
+        """Whether ``meta`` is committed, matches, and was not handed out yet."""
+        return (
+            meta.seq <= self.head.committed and not self.passed(meta) and self.match(meta.subject)
+        )
+
+    def take_ahead(self, meta: MessageMeta) -> None:
+        """``meta`` (available, not necessarily next) was handed out out of order."""
+        if meta.priority not in self.cursors:
+            self.cursors[meta.priority] = meta.seq
+            self._order = sorted(self.cursors, reverse=True)
+        self.ahead.add(meta.seq)
+        self.max_taken = max(self.max_taken, meta.seq)
+        if not self._dirty and self._np > 0:
+            self._np -= 1
 
     def set_match(self, match: Matcher) -> None:
         self.match = match
         self._dirty = True
 
     def take(self, meta: MessageMeta) -> None:
+        self.ahead.discard(meta.seq)
         self.cursors[meta.priority] = meta.seq + 1
         self.max_taken = max(self.max_taken, meta.seq)
         if not self._dirty and self._np > 0:
@@ -356,7 +413,9 @@ def make_cursor(
         if saved is not None:
             p = saved.priority_cursors
             cursors = {p[i]: p[i + 1] for i in range(0, len(p) - 1, 2)}
-            return PriorityCursor(stream, head, match, saved.start, cursors, saved.max_taken)
+            return PriorityCursor(
+                stream, head, match, saved.start, cursors, saved.max_taken, saved.ahead
+            )
         start, _, _ = start_position(stream, head, cfg, match)
         return PriorityCursor(stream, head, match, start)
     if saved is not None:

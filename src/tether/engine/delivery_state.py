@@ -50,6 +50,7 @@ class SavedState(msgspec.Struct, array_like=True):
     lps_end: int = 0
     start: int = 0  # priority order: where the consumer started
     max_taken: int = 0  # priority order: highest stream seq handed out
+    ahead: list[int] = msgspec.field(default_factory=list)  # priority order: taken early
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -119,6 +120,21 @@ class DeliveryState:
         """Give ``seq`` a deadline that does not follow from its delivery time."""
         self._custom[seq] = deadline
         heapq.heappush(self._timed, (deadline, seq))
+
+    def deadline(self, seq: int, wait: int) -> int:
+        """When outstanding ``seq`` times out, given the wait its delivery count implies
+        (0 if it is not outstanding)."""
+        entry = self.pending.get(seq)
+        if entry is None or seq in self.queued:
+            return 0
+        return self._custom.get(seq) or entry[1] + wait
+
+    def unqueue(self, seq: int) -> bool:
+        """Take ``seq`` out of the redelivery queue (its heap entry is skipped as stale)."""
+        if seq not in self.queued:
+            return False
+        self.queued.discard(seq)
+        return True
 
     def touch(self, seq: int, now: int) -> bool:
         """Progress (``+WPI``): restart the ack timer of an outstanding message."""

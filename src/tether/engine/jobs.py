@@ -1,31 +1,33 @@
-"""Jobs: the delivery state of each message of a channel for one webhook-broker consumer.
+"""Jobs: the delivery state of one message for one webhook-broker consumer.
 
-A job is QUEUED (available), INFLIGHT (handed out, with a deadline), DELIVERED (done)
-or DEAD (given up on, kept until requeued or deleted). A :class:`JobLedger` keeps the
-jobs of one consumer and applies the pull-consumer state machine of webhook-broker's
-spec, the push retry schedule and Tether's atomic claim.
+A webhook-broker consumer *is* a durable consumer of its channel's stream (priority
+order, owned by the HTTP side: it has no NATS delivery target). A job is what that
+consumer knows about one message, read through :class:`JobView`:
 
-Every job that is not delivered is held in memory; delivered ones are remembered as
-ranges of sequences (ack-floor style), so a ledger's size follows its backlog and not
-its history. Ready jobs sit in one heap ordered by priority (highest first) then
-sequence (oldest first); peeking at the head never removes anything, and claiming
-pops from the same heap, so listing and claiming agree on the order.
+* QUEUED: available (never handed out, queued for redelivery, or a push retry
+  waiting out its backoff delay);
+* INFLIGHT: handed out and waiting for its outcome until a deadline;
+* DELIVERED: acked;
+* DEAD: in the consumer's dead set (``max_deliver`` reached, or terminated).
 
-Time comes from the engine's :class:`Clock`; nothing here does I/O. The owner learns
-about changes through two callbacks: ``on_change`` (persist the state) and ``on_ready``
-(wake a claimant or a delivery worker).
+Redelivery, ``max_deliver`` and the dead set are the consumer's own rules; the view
+only adds what webhook-broker shows and the consumer has no field for: a job's sticky
+``IncrementalTimeout``, when its status last changed, which push retries are waiting
+out a delay, and dead jobs deleted for good. Those extras are persisted with the
+consumer's registry record (see :mod:`tether.engine.jobs_registry`).
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
-from tether.engine.clock import Clock, Timer
-from tether.engine.jobs_intervals import IntervalSet
+from tether.engine.clock import Clock
+from tether.engine.consumer import Consumer as EngineConsumer
+from tether.engine.consumer_config import ConsumerConfig
+from tether.engine.cursor import PriorityCursor
 
 QUEUED = "QUEUED"
 INFLIGHT = "INFLIGHT"
@@ -34,8 +36,6 @@ DEAD = "DEAD"
 STATES = (QUEUED, INFLIGHT, DELIVERED, DEAD)
 # webhook-broker's numeric job statuses (what /job-status reports).
 STATUS_CODES = {QUEUED: 1000, INFLIGHT: 1001, DELIVERED: 1002, DEAD: 1003}
-_STATE_OF_CODE = {0: QUEUED, 1: INFLIGHT, 3: DEAD}
-_CODE_OF_STATE = {QUEUED: 0, INFLIGHT: 1, DEAD: 3}
 
 INVALID_TRANSITION = "invalid transition request"
 TIMEOUT_WITH_INVALID_STATE = "timeout provided with invalid state"
@@ -43,9 +43,9 @@ NOT_DEAD = "job is not dead"
 NOT_IN_FLIGHT = "job is not in flight"
 
 NS = 1_000_000_000
-_SEQ_BITS = 44
-_SEQ_MASK = (1 << _SEQ_BITS) - 1
-MAX_PRIORITY = (1 << 19) - 1  # priorities are clamped into [0, MAX_PRIORITY]
+# Marks, in CONSUMER.INFO, the durable consumers the HTTP API owns.
+OWNER_KEY = "tether.owner"
+OWNER = "webhook-broker"
 
 
 class JobError(Exception):
@@ -53,14 +53,20 @@ class JobError(Exception):
 
 
 @dataclass(slots=True)
-class LedgerSettings:
-    """The timing rules shared by every ledger of a server."""
+class JobSettings:
+    """The timing rules shared by every webhook-broker consumer of a server."""
 
     max_retry: int = 5
-    # stopTimeout + rationalDelay: the part of an in-flight deadline every job gets.
+    # stopTimeout + rationalDelay: the part of an in-flight deadline every job gets;
+    # it is the consumer's ack_wait.
     inflight_base_ns: int = 32_250_000_000
     # Push retry delays (webhook-broker's retry-backoff-delays-in-seconds), in ns.
     backoff_ns: list[int] = field(default_factory=lambda: [5 * NS, 30 * NS, 60 * NS])
+
+    @property
+    def max_deliver(self) -> int:
+        """The first attempt plus ``max_retry`` retries."""
+        return self.max_retry + 1
 
     def retry_delay(self, retry: int) -> int:
         """Delay before attempt number ``retry`` (1-based): 5, 30, 60, then linear."""
@@ -72,35 +78,30 @@ class LedgerSettings:
         return (retry - len(delays) + 1) * delays[-1]
 
 
-class Job:
-    """One job that is not delivered. ``deadline`` is the in-flight deadline, or for a
-    queued job the earliest time it may be handed out (0 = now)."""
+def engine_config(consumer_id: str, settings: JobSettings) -> ConsumerConfig:
+    """The durable consumer behind an HTTP consumer.
 
-    __slots__ = (
-        "changed",
-        "deadline",
-        "in_heap",
-        "priority",
-        "retries",
-        "seq",
-        "status",
-        "timeout",
+    Jobs exist for the messages stored after the consumer was created (``new``), in
+    priority order. A push retry's backoff delay is a nak with that delay (see
+    :meth:`JobView.fail`), so ``backoff`` stays unset and an in-flight deadline is
+    ``ack_wait`` plus the job's IncrementalTimeout. ``max_ack_pending`` is unlimited:
+    webhook-broker has no such limit.
+    """
+    return ConsumerConfig(
+        durable_name=consumer_id,
+        deliver_policy="new",
+        ack_policy="explicit",
+        ack_wait=settings.inflight_base_ns,
+        max_deliver=settings.max_deliver,
+        max_ack_pending=-1,
+        priority_order=True,
+        metadata={OWNER_KEY: OWNER},
     )
-
-    def __init__(self, seq: int, priority: int, changed: int) -> None:
-        self.seq = seq
-        self.priority = priority
-        self.status = QUEUED
-        self.retries = 0
-        self.timeout = 0  # IncrementalTimeout, seconds; sticky across transitions
-        self.changed = changed
-        self.deadline = 0
-        self.in_heap = False
 
 
 @dataclass(slots=True, frozen=True)
 class JobInfo:
-    """A job as the views show it (delivered jobs have no in-memory :class:`Job`)."""
+    """One job as the HTTP views show it."""
 
     seq: int
     status: str
@@ -108,156 +109,166 @@ class JobInfo:
     timeout: int
     changed: int
     priority: int
+    deadline: int = 0
 
 
-class SavedLedger(msgspec.Struct, array_like=True):
-    """Persisted form: the dispatch window, delivered/deleted ranges and every job whose
-    state is not "queued, never tried" (those are rebuilt from the stream)."""
+class SavedJobs(msgspec.Struct, array_like=True):
+    """Persisted extras: (seq, timeout, changed) triples, backing-off and dropped seqs."""
 
-    start: int
-    cursor: int
-    done: list[int]
+    extras: list[int]
+    backing_off: list[int]
     dropped: list[int]
-    jobs: list[int]  # seq, state code, retries, timeout, changed, deadline, ...
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(SavedLedger)
+_decoder = msgspec.msgpack.Decoder(SavedJobs)
 
 
-def _key(priority: int, seq: int) -> int:
-    return ((MAX_PRIORITY - priority) << _SEQ_BITS) | seq
+class JobView:
+    """The jobs of one webhook-broker consumer, over its engine consumer."""
 
-
-def clamp_priority(priority: int) -> int:
-    return min(max(priority, 0), MAX_PRIORITY)
-
-
-class JobLedger:
-    """The jobs of one consumer: states, ready queue, deadlines and retries."""
-
-    def __init__(self, settings: LedgerSettings, clock: Clock, start_seq: int) -> None:
+    def __init__(self, consumer: EngineConsumer, settings: JobSettings, clock: Clock) -> None:
+        self.consumer = consumer
         self.settings = settings
         self.clock = clock
-        self.start = start_seq
-        self.cursor = start_seq - 1  # highest sequence a job was created for
-        self.jobs: dict[int, Job] = {}
-        self.done = IntervalSet()
-        self.dropped = IntervalSet()
-        self.counts = {QUEUED: 0, INFLIGHT: 0, DEAD: 0}
+        self.timeouts: dict[int, int] = {}  # IncrementalTimeout (s), sticky per job
+        self.changed: dict[int, int] = {}  # when the view last moved the job (ns)
+        # Push retries waiting out their delay: unacked in the consumer (a nak with a
+        # delay), but QUEUED for webhook-broker.
+        self.backing_off: set[int] = set()
+        self.dropped: set[int] = set()  # dead jobs deleted for good
         self.on_change: Callable[[], None] | None = None
-        self.on_ready: Callable[[], None] | None = None
-        self._ready: list[int] = []
-        self._ready_count = 0
-        self._timed: list[tuple[int, int]] = []  # (deadline or not_before, seq)
-        self._timer: Timer | None = None
-        self._timer_at = 0
-        self.closed = False
 
-    # -- lifecycle --------------------------------------------------------------------------
-    def close(self) -> None:
-        self.closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    @property
+    def closed(self) -> bool:
+        return self.consumer.deleted
 
-    def _changed(self) -> None:
+    def _changed(self, seq: int) -> None:
+        self.changed[seq] = self.clock.now()
         if self.on_change is not None:
             self.on_change()
 
-    def _wake(self) -> None:
-        if self.on_ready is not None:
-            self.on_ready()
+    # -- reading ---------------------------------------------------------------------------
+    def status(self, seq: int) -> str | None:
+        """The job's status, or None if this consumer has no job for ``seq``."""
+        c = self.consumer
+        cursor = c.cursor
+        meta = c.stream.meta(seq)
+        if meta is None or seq in self.dropped or seq > c.head.committed:
+            return None
+        if isinstance(cursor, PriorityCursor) and seq < cursor.start:
+            return None  # stored before the consumer existed
+        c.reap()  # an exhausted redelivery is dead, not queued
+        state = c.state
+        if seq in state.dead:
+            return DEAD
+        if seq in state.pending:
+            return QUEUED if seq in state.queued or seq in self.backing_off else INFLIGHT
+        return QUEUED if c.is_available(seq) else DELIVERED
 
-    # -- creating and forgetting jobs ---------------------------------------------------------
-    def dispatch(self, seq: int, priority: int, ts: int) -> bool:
-        """Create the job of a newly stored message (once; older sequences are ignored)."""
-        if seq <= self.cursor or seq < self.start:
-            return False
-        self.cursor = seq
-        job = Job(seq, clamp_priority(priority), ts)
-        self.jobs[seq] = job
-        self.counts[QUEUED] += 1
-        self._push_ready(job)
-        return True
-
-    def dispatch_many(self, items: Iterable[tuple[int, int, int]]) -> int:
-        created = sum(1 for seq, prio, ts in items if self.dispatch(seq, prio, ts))
-        if created:
-            self._changed()
-            self._wake()
-        return created
-
-    def forget(self, seq: int) -> None:
-        """The message left the stream: its job goes with it."""
-        job = self.jobs.pop(seq, None)
-        if job is not None:
-            self._leave(job)
-            self._changed()
-
-    # -- views --------------------------------------------------------------------------------
     def info(self, seq: int) -> JobInfo | None:
-        """The job of ``seq`` (None if this consumer has none). Delivered jobs report the
-        message time as their change time once their own time is no longer kept."""
-        job = self.jobs.get(seq)
-        if job is not None:
-            return JobInfo(seq, job.status, job.retries, job.timeout, job.changed, job.priority)
-        if self.start <= seq <= self.cursor and seq in self.done and seq not in self.dropped:
-            return JobInfo(seq, DELIVERED, 0, 0, 0, 0)
-        return None
+        status = self.status(seq)
+        if status is None:
+            return None
+        return self._info(seq, status)
 
-    def peek(self, limit: int) -> list[Job]:
-        """Up to ``limit`` ready queued jobs, highest priority first then oldest, untouched.
+    def _info(self, seq: int, status: str) -> JobInfo:
+        c = self.consumer
+        meta = c.stream.meta(seq)
+        deliveries = c.delivery_count(seq)
+        # A retry is a delivery after the first: one in flight is being retried now, a
+        # queued one is waiting for its next attempt.
+        retries = deliveries if status == QUEUED else max(deliveries - 1, 0)
+        return JobInfo(
+            seq=seq,
+            status=status,
+            retries=retries,
+            timeout=self.timeouts.get(seq, 0),
+            changed=self.changed.get(seq, 0),
+            priority=meta.priority if meta is not None else 0,
+            deadline=c.deadline_of(seq) if status == INFLIGHT else 0,
+        )
 
-        A best-first walk of the heap's tree: O(limit log limit), whatever the backlog.
-        """
-        heap = self._ready
-        out: list[Job] = []
-        if limit <= 0 or not heap:
-            return out
-        jobs = self.jobs
-        frontier = [(heap[0], 0)]
-        size = len(heap)
-        while frontier and len(out) < limit:
-            key, i = heapq.heappop(frontier)
-            job = jobs.get(key & _SEQ_MASK)
-            if job is not None and job.status == QUEUED and job.deadline == 0:
-                out.append(job)
-            left = 2 * i + 1
-            if left < size:
-                heapq.heappush(frontier, (heap[left], left))
-                if left + 1 < size:
-                    heapq.heappush(frontier, (heap[left + 1], left + 1))
+    def peek(self, limit: int) -> list[JobInfo]:
+        """Up to ``limit`` queued jobs in claim order, leasing nothing."""
+        return [self._info(m.seq, QUEUED) for m in self.consumer.peek_available(limit)]
+
+    def dead(self) -> list[JobInfo]:
+        """Dead jobs, newest first (the order of webhook-broker's DLQ list)."""
+        letters = self.consumer.dead_messages()
+        out = []
+        for letter in sorted(letters, key=lambda d: -d.seq):
+            info = self._info(letter.seq, DEAD)
+            if not info.changed:
+                info = JobInfo(info.seq, DEAD, info.retries, info.timeout, letter.ts, info.priority)
+            out.append(info)
         return out
 
-    def dead(self) -> list[Job]:
-        """Dead jobs, newest first (the order of webhook-broker's DLQ list)."""
-        return sorted((j for j in self.jobs.values() if j.status == DEAD), key=lambda j: -j.seq)
+    def counts(self) -> dict[str, int]:
+        """Jobs per status, DELIVERED excepted (see :meth:`delivered_count`)."""
+        c = self.consumer
+        c.reap()
+        state = c.state
+        waiting = len(state.queued) + sum(
+            1 for s in self.backing_off if s in state.pending and s not in state.queued
+        )
+        return {
+            QUEUED: c.num_pending + waiting,
+            INFLIGHT: len(state.pending) - waiting,
+            DEAD: len(state.dead),
+        }
 
-    def ready_count(self) -> int:
-        return self._ready_count
+    def stamps(self) -> dict[str, list[int]]:
+        """Status-change times of the jobs that are not delivered, per status."""
+        c = self.consumer
+        c.reap()  # first: it changes the state walked below
+        state = c.state
+        out: dict[str, list[int]] = {QUEUED: [], INFLIGHT: [], DEAD: []}
+        for seq, (_, delivered_at) in state.pending.items():
+            status = QUEUED if seq in state.queued or seq in self.backing_off else INFLIGHT
+            out[status].append(self.changed.get(seq, 0) or delivered_at)
+        for letter in state.dead.values():
+            out[DEAD].append(self.changed.get(letter.seq, letter.ts))
+        for meta in c.peek_available(c.num_pending):
+            if meta.seq not in state.pending:
+                out[QUEUED].append(meta.ts)
+        return out
 
-    # -- state changes ------------------------------------------------------------------------
-    def claim(self, limit: int, timeout: int | None = None) -> list[Job]:
-        """Atomically move up to ``limit`` ready jobs to INFLIGHT, in priority order."""
-        out: list[Job] = []
-        heap = self._ready
-        jobs = self.jobs
-        while heap and len(out) < limit:
-            seq = heapq.heappop(heap) & _SEQ_MASK
-            job = jobs.get(seq)
-            if job is None:
+    def delivered_count(self) -> int:
+        """How many jobs are DELIVERED (a walk of the stream: for status pages only)."""
+        c = self.consumer
+        c.reap()
+        state = c.state
+        cursor = c.cursor
+        start = cursor.start if isinstance(cursor, PriorityCursor) else 1
+        committed = c.head.committed
+        count = 0
+        for seq in c.stream.seqs(start):
+            if seq > committed:
+                break
+            if seq in state.pending or seq in state.dead or seq in self.dropped:
                 continue
-            job.in_heap = False
-            if job.status != QUEUED or job.deadline:
-                continue
+            if not c.is_available(seq):
+                count += 1
+        return count
+
+    # -- moves ---------------------------------------------------------------------------------
+    def _deadline(self, seq: int) -> int:
+        return self.clock.now() + self.settings.inflight_base_ns + self.timeouts.get(seq, 0) * NS
+
+    def claim(self, limit: int, timeout: int | None = None) -> list[JobInfo]:
+        """Atomically move up to ``limit`` queued jobs in flight, in priority order."""
+        c = self.consumer
+        out = []
+        for meta in c.claim(limit):
+            seq = meta.seq
+            self.backing_off.discard(seq)
             if timeout:
-                job.timeout = timeout
-            self._set(job, INFLIGHT)
-            self._start_flight(job)
-            out.append(job)
-        if out:
-            self._changed()
+                self.timeouts[seq] = timeout
+            if self.timeouts.get(seq):
+                c.extend(seq, self._deadline(seq))
+            self._changed(seq)
+            out.append(self._info(seq, INFLIGHT))
         return out
 
     def transition(self, seq: int, next_state: str, timeout: int) -> bool:
@@ -265,281 +276,147 @@ class JobLedger:
 
         Raises :class:`JobError` for the 400 answers, in webhook-broker's order.
         """
-        info = self.info(seq)
-        if info is None:
+        current = self.status(seq)
+        if current is None:
             raise KeyError(seq)
-        current = info.status
         if timeout and (next_state != INFLIGHT or current == INFLIGHT):
             raise JobError(TIMEOUT_WITH_INVALID_STATE)
         if current == next_state:
             return False
-        job = self.jobs.get(seq)
-        if job is None:  # delivered: nothing leaves DELIVERED
-            raise JobError(INVALID_TRANSITION)
+        c = self.consumer
         if next_state == INFLIGHT and current in (QUEUED, DEAD):
-            if current == DEAD:
-                job.retries += 1
             if timeout:
-                job.timeout = timeout
-            self._set(job, INFLIGHT)
-            self._start_flight(job)
+                self.timeouts[seq] = timeout
+            deadline = self._deadline(seq)
+            if current == DEAD:
+                c.retry_dead(seq, deadline)
+            elif seq in self.backing_off:
+                self.backing_off.discard(seq)
+                c.extend(seq, deadline)
+            else:
+                c.take(seq, deadline)
         elif next_state == DELIVERED and current == INFLIGHT:
-            self._deliver(job)
+            c.ack(seq)
         elif next_state == DEAD and current == INFLIGHT:
-            self._set(job, DEAD)
+            c.term(seq)
         else:
             raise JobError(INVALID_TRANSITION)
-        self._changed()
+        self._changed(seq)
         return True
 
     def touch(self, seq: int, timeout: int | None = None) -> int:
         """Extend an in-flight deadline from now; returns the new deadline (ns)."""
-        job = self.jobs.get(seq)
-        if job is None or job.status != INFLIGHT:
+        if self.status(seq) != INFLIGHT:
             raise JobError(NOT_IN_FLIGHT)
         if timeout is not None:
-            job.timeout = timeout
-        self._start_flight(job)
-        self._changed()
-        return job.deadline
+            self.timeouts[seq] = timeout
+        deadline = self._deadline(seq)
+        self.consumer.extend(seq, deadline)
+        self._changed(seq)
+        return deadline
 
     def deliver(self, seq: int) -> bool:
         """A push delivery succeeded (INFLIGHT → DELIVERED)."""
-        job = self.jobs.get(seq)
-        if job is None or job.status != INFLIGHT:
+        if self.status(seq) != INFLIGHT:
             return False
-        self._deliver(job)
-        self._changed()
+        self.consumer.ack(seq)
+        self._changed(seq)
         return True
 
     def fail(self, seq: int) -> bool:
-        """A push attempt failed: retry after the backoff delay, or DEAD past max retry.
-        Returns whether the job died."""
-        job = self.jobs.get(seq)
-        if job is None or job.status != INFLIGHT:
+        """A push attempt failed: a nak delayed by the backoff schedule, or DEAD once
+        ``max_deliver`` attempts were made. Returns whether the job died."""
+        if self.status(seq) != INFLIGHT:
             return False
-        if job.retries >= self.settings.max_retry:
-            self._set(job, DEAD)
-            self._changed()
+        c = self.consumer
+        attempts = c.delivery_count(seq)
+        if attempts >= self.settings.max_deliver:
+            c.term(seq, "max retries reached")
+            self._changed(seq)
             return True
-        job.retries += 1
-        self._set(job, QUEUED)
-        delay = self.settings.retry_delay(job.retries)
+        delay = self.settings.retry_delay(attempts)
         if delay > 0:
-            job.deadline = self.clock.now() + delay
-            self._arm(job.deadline, job.seq)
-        else:
-            self._push_ready(job)
-            self._wake()
-        self._changed()
+            self.backing_off.add(seq)
+        c.nak(seq, delay)
+        self._changed(seq)
         return False
 
     def requeue_dead(self, seq: int) -> bool:
         """DEAD → QUEUED with the retry count reset (``requeue-dead-job``)."""
-        job = self.jobs.get(seq)
-        if job is None or job.status != DEAD:
+        if self.status(seq) != DEAD or not self.consumer.requeue_dead(seq):
             return False
-        self._requeue(job)
-        self._changed()
-        self._wake()
+        self._changed(seq)
         return True
 
     def requeue_all_dead(self) -> int:
-        dead = [j for j in self.jobs.values() if j.status == DEAD]
-        for job in dead:
-            self._requeue(job)
-        if dead:
-            self._changed()
-            self._wake()
-        return len(dead)
+        return sum(1 for letter in self.consumer.dead_messages() if self.requeue_dead(letter.seq))
 
     def delete_dead(self, seq: int) -> bool:
         """Remove a dead job for good (its message stays in the stream)."""
-        job = self.jobs.get(seq)
-        if job is None or job.status != DEAD:
+        if self.status(seq) != DEAD:
             return False
-        del self.jobs[seq]
-        self._leave(job)
+        self.consumer.ack(seq)  # a dead message acked leaves the dead set
         self.dropped.add(seq)
-        self._changed()
+        self._forget(seq)
         return True
 
     def delete_all_dead(self) -> int:
-        dead = [j.seq for j in self.jobs.values() if j.status == DEAD]
-        for seq in dead:
-            job = self.jobs.pop(seq)
-            self._leave(job)
-            self.dropped.add(seq)
-        if dead:
-            self._changed()
-        return len(dead)
+        return sum(1 for letter in self.consumer.dead_messages() if self.delete_dead(letter.seq))
 
     def recover_in_flight(self) -> int:
         """After a restart, hand back what a push worker of the previous process had in
-        flight: its outcome is unknown, so it is queued again without counting a retry."""
-        flying = [j for j in self.jobs.values() if j.status == INFLIGHT]
-        for job in flying:
-            self._set(job, QUEUED)
-            self._push_ready(job)
-        if flying:
-            self._changed()
-            self._wake()
+        flight: its outcome is unknown, so it is queued again at once."""
+        c = self.consumer
+        state = c.state
+        flying = [s for s in state.pending if s not in state.queued and s not in self.backing_off]
+        for seq in flying:
+            c.nak(seq)
+            self._changed(seq)
         return len(flying)
 
-    # -- internals ----------------------------------------------------------------------------
-    def _set(self, job: Job, status: str) -> None:
-        counts = self.counts
-        counts[job.status] -= 1
-        counts[status] += 1
-        if job.status == QUEUED and job.deadline == 0:
-            # Leaves the ready set; a heap entry left behind is skipped as stale.
-            self._ready_count -= 1
-        job.status = status
-        job.deadline = 0
-        job.changed = self.clock.now()
+    def _forget(self, seq: int) -> None:
+        self.timeouts.pop(seq, None)
+        self.changed.pop(seq, None)
+        self.backing_off.discard(seq)
+        if self.on_change is not None:
+            self.on_change()
 
-    def _leave(self, job: Job) -> None:
-        self.counts[job.status] -= 1
-        if job.status == QUEUED and job.deadline == 0:
-            self._ready_count -= 1
-        job.status = DELIVERED  # stale heap and timer entries no longer match
-
-    def _deliver(self, job: Job) -> None:
-        del self.jobs[job.seq]
-        self._leave(job)
-        self.done.add(job.seq)
-
-    def _requeue(self, job: Job) -> None:
-        job.retries = 0
-        self._set(job, QUEUED)
-        self._push_ready(job)
-
-    def _push_ready(self, job: Job) -> None:
-        if not job.in_heap:
-            heapq.heappush(self._ready, _key(job.priority, job.seq))
-            job.in_heap = True
-        self._ready_count += 1
-        if len(self._ready) > 2 * self._ready_count + 1024:
-            self._compact()
-
-    def _compact(self) -> None:
-        keep = [k for k in self._ready if self._is_ready(k & _SEQ_MASK)]
-        for key in self._ready:
-            job = self.jobs.get(key & _SEQ_MASK)
-            if job is not None and not self._is_ready(job.seq):
-                job.in_heap = False
-        heapq.heapify(keep)
-        self._ready = keep
-
-    def _is_ready(self, seq: int) -> bool:
-        job = self.jobs.get(seq)
-        return job is not None and job.status == QUEUED and job.deadline == 0
-
-    def _start_flight(self, job: Job) -> None:
-        job.deadline = self.clock.now() + self.settings.inflight_base_ns + job.timeout * NS
-        self._arm(job.deadline, job.seq)
-
-    def _arm(self, at: int, seq: int) -> None:
-        heapq.heappush(self._timed, (at, seq))
-        self._schedule()
-
-    def _schedule(self) -> None:
-        """Keep one clock timer, due at the earliest pending deadline."""
-        if not self._timed or self.closed:
-            return
-        at = self._timed[0][0]
-        if self._timer is not None:
-            if at >= self._timer_at:
-                return
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = self.clock.call_later(max(0.0, (at - self.clock.now()) / NS), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        if self.closed:
-            return
-        now = self.clock.now()
-        timed = self._timed
-        changed = woke = False
-        while timed and timed[0][0] <= now:
-            at, seq = heapq.heappop(timed)
-            job = self.jobs.get(seq)
-            if job is None or job.deadline != at:
-                continue  # resolved, or given a new deadline since
-            changed = True
-            if job.status == INFLIGHT:
-                woke |= self._expire(job)
-            elif job.status == QUEUED:  # a push retry whose delay is over
-                job.deadline = 0
-                self._push_ready(job)
-                woke = True
-        self._schedule()
-        if changed:
-            self._changed()
-        if woke:
-            self._wake()
-
-    def _expire(self, job: Job) -> bool:
-        """An in-flight deadline passed: QUEUED with one more retry, or DEAD past max."""
-        job.retries += 1
-        if job.retries > self.settings.max_retry:
-            self._set(job, DEAD)
-            return False
-        self._set(job, QUEUED)
-        self._push_ready(job)
-        return True
-
-    # -- persistence --------------------------------------------------------------------------
+    # -- persistence ---------------------------------------------------------------------------
     def encode(self) -> bytes:
-        flat: list[int] = []
-        add = flat.extend
-        for job in self.jobs.values():
-            if job.status == QUEUED and not job.retries and not job.timeout and not job.deadline:
-                continue  # rebuilt from the stream on load
-            add(
-                (
-                    job.seq,
-                    _CODE_OF_STATE[job.status],
-                    job.retries,
-                    job.timeout,
-                    job.changed,
-                    job.deadline,
-                )
-            )
-        saved = SavedLedger(self.start, self.cursor, self.done.flat(), self.dropped.flat(), flat)
-        return _encoder.encode(saved)
+        """The extras, pruned of jobs that are delivered or whose message is gone."""
+        c = self.consumer
+        state = c.state
+        meta = c.stream.meta
+        for seq in [s for s in self.changed if s not in state.pending and s not in state.dead]:
+            if meta(seq) is None or not c.is_available(seq):
+                self.timeouts.pop(seq, None)
+                self.changed.pop(seq, None)
+        self.backing_off = {s for s in self.backing_off if s in state.pending}
+        self.dropped = {s for s in self.dropped if meta(s) is not None}
+        extras: list[int] = []
+        for seq, changed in self.changed.items():
+            extras.extend((seq, self.timeouts.get(seq, 0), changed))
+        return _encoder.encode(SavedJobs(extras, sorted(self.backing_off), sorted(self.dropped)))
 
-    def load(self, raw: bytes, messages: Callable[[int], Iterable[tuple[int, int, int]]]) -> None:
-        """Restore from :meth:`encode` output; ``messages(start)`` gives the stream's
-        live ``(seq, priority, ts)`` from ``start`` on, in order."""
-        saved = _decoder.decode(raw)
-        self.start = saved.start
-        self.cursor = saved.cursor
-        self.done = IntervalSet.from_flat(saved.done)
-        self.dropped = IntervalSet.from_flat(saved.dropped)
-        special: dict[int, tuple[int, ...]] = {}
-        f = saved.jobs
-        for i in range(0, len(f) - 5, 6):
-            special[f[i]] = tuple(f[i + 1 : i + 6])
-        now = self.clock.now()
-        for seq, priority, ts in messages(self.start):
-            if seq > self.cursor:
-                break
-            if seq < self.start or seq in self.done or seq in self.dropped:
-                continue
-            job = Job(seq, clamp_priority(priority), ts)
-            self.jobs[seq] = job
-            state = special.get(seq)
-            if state is None:
-                self.counts[QUEUED] += 1
-                self._push_ready(job)
-                continue
-            code, job.retries, job.timeout, job.changed, deadline = state
-            job.status = _STATE_OF_CODE.get(code, QUEUED)
-            self.counts[job.status] += 1
-            if job.status == QUEUED and deadline <= now:
-                self._push_ready(job)
-            elif job.status != DEAD:
-                job.deadline = deadline
-                self._arm(deadline, seq)
+    def load(self, raw: bytes) -> None:
+        """Restore :meth:`encode` output (anything unreadable starts empty)."""
+        try:
+            saved = _decoder.decode(raw)
+        except msgspec.DecodeError:
+            return
+        f = saved.extras
+        for i in range(0, len(f) - 2, 3):
+            seq, timeout, changed = f[i], f[i + 1], f[i + 2]
+            self.changed[seq] = changed
+            if timeout:
+                self.timeouts[seq] = timeout
+        self.backing_off = set(saved.backing_off)
+        self.dropped = set(saved.dropped)
+        # The consumer saves delivery times, not chosen deadlines: give in-flight jobs
+        # with an IncrementalTimeout theirs back, counted from when they were handed out.
+        c = self.consumer
+        extra = self.settings.inflight_base_ns
+        for seq, timeout in self.timeouts.items():
+            entry = c.state.pending.get(seq)
+            if entry is not None and self.status(seq) == INFLIGHT:
+                c.extend(seq, entry[1] + extra + timeout * NS)

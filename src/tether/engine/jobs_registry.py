@@ -3,8 +3,11 @@
 Records are persisted through the ordinary :class:`Store` as consumer records of a
 reserved pseudo stream, :data:`REGISTRY_STREAM`, whose name no real stream can take
 (stream names cannot contain ``.``). That gives the registry group commit and both
-backends for free without widening the storage interface. A consumer's record also
-carries its job ledger as the record's ``state``, which the store coalesces per commit.
+backends for free without widening the storage interface. The jobs themselves are the
+delivery state of the consumer's durable consumer on the channel's stream; a consumer's
+record carries only the job details that state has no field for (see
+:class:`~tether.engine.jobs.JobView`) as the record's ``state``, which the store
+coalesces per commit.
 
 Tokens are never stored in clear: each is kept as a salted SHA-256 digest and checked
 in constant time. A push consumer's token must still be presented to its callback (the

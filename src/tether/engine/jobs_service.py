@@ -1,10 +1,14 @@
-"""The webhook-broker model on top of the broker: channels are streams, jobs are ledgers.
+"""The webhook-broker model on top of the broker: channels are streams, consumers are
+durable consumers, jobs are their delivery state.
 
 A channel ``orders`` is the stream ``WB_orders`` capturing the subject ``wb.orders``;
 a message broadcast over HTTP is an ordinary stream message (NATS clients can read it)
 and anything published to ``wb.orders`` over NATS becomes jobs for the channel's HTTP
-consumers. Each consumer has a :class:`JobLedger` fed by the broker's commit
-notifications, so jobs exist exactly for the messages stored after it was created.
+consumers. A consumer ``hook`` of that channel is the durable consumer ``hook`` of
+``WB_orders`` (``deliver_policy: new``, ``priority_order``), so it shows in
+``CONSUMER.INFO`` and jobs exist exactly for the messages stored after it was created.
+The HTTP side owns it: it has no NATS delivery target, and a :class:`JobView` reads and
+moves its jobs.
 
 HTTP-specific message fields travel as headers of the stored message:
 ``Nats-Msg-Id`` (the message id), ``Content-Type``, ``Tether-Priority``,
@@ -16,16 +20,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from functools import partial
+from typing import Any
 
 import msgspec
 
 from tether.engine import errors
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import Clock, Timer
-from tether.engine.jobs import JobLedger, LedgerSettings
+from tether.engine.consumer import Consumer as EngineConsumer
+from tether.engine.jobs import JobSettings, JobView, engine_config
 from tether.engine.jobs_messages import (
     MessageView,
     encode_headers,
@@ -63,7 +68,7 @@ class DuplicateMessage(Exception):
 
 @dataclass(slots=True)
 class ServiceSettings:
-    ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    jobs: JobSettings = field(default_factory=JobSettings)
     seal_key: str | None = None
 
 
@@ -80,14 +85,14 @@ class Counters:
 
 
 class WebhookService:
-    """Channels, producers, consumers and their job ledgers over one :class:`Broker`."""
+    """Channels, producers, consumers and their jobs over one :class:`Broker`."""
 
     def __init__(self, broker: Broker, clock: Clock, settings: ServiceSettings) -> None:
         self.broker = broker
         self.clock = clock
         self.settings = settings
         self.registry = Registry(broker.store, settings.seal_key)
-        self.ledgers: dict[tuple[str, str], JobLedger] = {}
+        self.views: dict[tuple[str, str], JobView] = {}
         self.counters = Counters()
         # Per channel: message id → seq, and the reverse for ids set explicitly.
         self._ids: dict[str, dict[str, int]] = {}
@@ -97,7 +102,7 @@ class WebhookService:
         self._flush_timer: Timer | None = None
         self._sched_timer: Timer | None = None
         self._index_tasks: set[asyncio.Task[None]] = set()
-        # Set by the server: a ledger has ready jobs / a consumer was added or changed.
+        # Set by the server: a consumer has ready jobs / a consumer was added or changed.
         self.on_ready: Callable[[Consumer], None] | None = None
         self.on_consumer: Callable[[Consumer, bool], None] | None = None
 
@@ -107,13 +112,12 @@ class WebhookService:
         for channel in self.registry.channels.values():
             stream = await self._ensure_stream(channel.id)
             await self._index(channel.id, stream, list(stream.seqs(0)))
-        for key, consumer in self.registry.consumers.items():
-            stream = self.broker.get_stream(stream_name(consumer.channel))
-            ledger = self._new_ledger(consumer, stream.last_seq + 1)
+        for key, consumer in list(self.registry.consumers.items()):
+            await self._ensure_stream(consumer.channel)
+            view = await self._attach(consumer)
             state = self.registry.states.get(key, b"")
             if state:
-                ledger.load(state, partial(self._metas, stream))
-            ledger.dispatch_many(self._metas(stream, ledger.cursor + 1))
+                view.load(state)
         self.broker.listeners.append(self)
         self._arm_scheduler()
 
@@ -121,20 +125,13 @@ class WebhookService:
         if self in self.broker.listeners:
             self.broker.listeners.remove(self)
         self._flush()
-        for ledger in self.ledgers.values():
-            ledger.close()
+        for view in self.views.values():
+            view.consumer.on_available = None
         for timer in (self._flush_timer, self._sched_timer):
             if timer is not None:
                 timer.cancel()
         for task in self._index_tasks:
             task.cancel()
-
-    @staticmethod
-    def _metas(stream: Stream, start: int) -> Iterator[tuple[int, int, int]]:
-        for seq in stream.seqs(start):
-            meta = stream.meta(seq)
-            if meta is not None:
-                yield seq, meta.priority, meta.ts
 
     async def _ensure_stream(self, channel_id: str) -> Stream:
         name = stream_name(channel_id)
@@ -145,23 +142,52 @@ class WebhookService:
         stream, _ = await self.broker.create_stream(name, body)
         return stream
 
-    def _new_ledger(self, consumer: Consumer, start: int) -> JobLedger:
+    async def _engine_consumer(self, consumer: Consumer) -> EngineConsumer:
+        """Find or create the durable consumer of ``consumer`` (settings may have changed
+        since it was created: the allowed updates are applied)."""
+        registry = self.broker.consumers
+        if registry is None:
+            raise RuntimeError("the webhook-broker API needs the consumer engine")
+        name = stream_name(consumer.channel)
+        try:
+            engine, _ = await registry.create(name, engine_config(consumer.id, self.settings.jobs))
+        except errors.ApiError:
+            found = registry.find(name, consumer.id)
+            if found is None:
+                raise
+            engine = found
+        return engine
+
+    async def _attach(self, consumer: Consumer) -> JobView:
+        """The job view of ``consumer``, over its (found or created) durable consumer."""
         key = (consumer.channel, consumer.id)
-        ledger = JobLedger(self.settings.ledger, self.clock, start)
-        ledger.on_change = lambda: self._mark_dirty(key)
-        ledger.on_ready = lambda: self._ready(key)
-        old = self.ledgers.get(key)
-        if old is not None:
-            old.close()
-        self.ledgers[key] = ledger
-        return ledger
+        engine = await self._engine_consumer(consumer)
+        engine.on_available = lambda: self._ready(key)
+        view = self.views.get(key)
+        if view is None:
+            view = JobView(engine, self.settings.jobs, self.clock)
+            view.on_change = lambda: self._mark_dirty(key)
+            self.views[key] = view
+        else:
+            view.consumer = engine
+        return view
+
+    async def _reattach(self, channel: str) -> None:
+        """The channel's stream was created again (deleted over NATS): so are its
+        consumers, starting over from the new stream's end."""
+        for (ch, _), k in list(self.registry.consumers.items()):
+            if ch == channel:
+                try:
+                    await self._attach(k)
+                except errors.ApiError as exc:
+                    log.error("consumer %s/%s: %s", ch, k.id, exc)
 
     def _ready(self, key: tuple[str, str]) -> None:
         consumer = self.registry.consumers.get(key)
         if consumer is not None and self.on_ready is not None:
             self.on_ready(consumer)
 
-    # -- ledger persistence (one write per consumer per loop tick) ------------------------------
+    # -- job extras persistence (one write per consumer per loop tick) -------------------------
     def _mark_dirty(self, key: tuple[str, str]) -> None:
         self._dirty.add(key)
         if self._flush_timer is None:
@@ -172,9 +198,9 @@ class WebhookService:
         dirty, self._dirty = self._dirty, set()
         for key in dirty:
             consumer = self.registry.consumers.get(key)
-            ledger = self.ledgers.get(key)
-            if consumer is not None and ledger is not None:
-                self.registry.put_consumer_state(consumer, ledger.encode())
+            view = self.views.get(key)
+            if consumer is not None and view is not None:
+                self.registry.put_consumer_state(consumer, view.encode())
 
     # -- broker listener ---------------------------------------------------------------------------
     def _channel_of(self, stream: Stream) -> str | None:
@@ -184,34 +210,36 @@ class WebhookService:
         return channel if channel in self.registry.channels else None
 
     def on_stream_changed(self, stream: Stream) -> None:
-        pass
+        channel = self._channel_of(stream)
+        if channel is None:
+            return
+        if any(ch == channel and v.closed for (ch, _), v in self.views.items()):
+            self._spawn(self._reattach(channel))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._index_tasks.add(task)
+        task.add_done_callback(self._index_tasks.discard)
 
     def on_stream_deleted(self, stream: Stream) -> None:
         channel = self._channel_of(stream)
         if channel is None:
             return
-        # Deleted over NATS: the jobs went with the messages; start over when it returns.
+        # Deleted over NATS: the jobs went with the messages and the durable consumers
+        # with the stream; they start over when it returns (on_stream_changed).
         self._ids.pop(channel, None)
         self._id_of.pop(channel, None)
-        for (ch, _), ledger in list(self.ledgers.items()):
-            if ch == channel:
-                for seq in list(ledger.jobs):
-                    ledger.forget(seq)
-                ledger.start = ledger.cursor = 0
 
     def on_messages_committed(self, stream: Stream, seqs: list[int]) -> None:
         channel = self._channel_of(stream)
         if channel is None:
             return
-        items = [(seq, m.priority, m.ts) for seq in seqs if (m := stream.meta(seq)) is not None]
-        for (ch, _), ledger in self.ledgers.items():
+        for ch, kid in list(self.views):
             if ch == channel:
-                ledger.dispatch_many(items)
+                self._ready((ch, kid))
         missing = [s for s in seqs if s not in self._id_of.get(channel, {})]
         if missing:
-            task = asyncio.ensure_future(self._index(channel, stream, missing))
-            self._index_tasks.add(task)
-            task.add_done_callback(self._index_tasks.discard)
+            self._spawn(self._index(channel, stream, missing))
 
     def on_messages_removed(self, stream: Stream, seqs: list[int]) -> None:
         channel = self._channel_of(stream)
@@ -223,10 +251,6 @@ class WebhookService:
             msg_id = id_of.pop(seq, None)
             if msg_id is not None:
                 ids.pop(msg_id, None)
-        for (ch, _), ledger in self.ledgers.items():
-            if ch == channel:
-                for seq in seqs:
-                    ledger.forget(seq)
 
     async def _index(self, channel: str, stream: Stream, seqs: list[int]) -> None:
         """Learn the message ids (``Nats-Msg-Id``) of messages not broadcast over HTTP."""
@@ -277,7 +301,7 @@ class WebhookService:
         kind: ConsumerType,
     ) -> Consumer:
         now = self.clock.now()
-        stream = await self._ensure_stream(channel_id)
+        await self._ensure_stream(channel_id)
         key = (channel_id, consumer_id)
         old = self.registry.consumers.get(key)
         k = Consumer(
@@ -292,19 +316,21 @@ class WebhookService:
             changed_ns=now,
             sealed_token=self.registry.sealer.seal(token) if kind == "push" else "",
         )
-        ledger = self.ledgers.get(key)
-        if ledger is None:
-            ledger = self._new_ledger(k, stream.last_seq + 1)
-        await self.registry.put_consumer(k, ledger.encode())
+        view = self.views.get(key)
+        if view is None or view.closed:
+            view = await self._attach(k)
+        await self.registry.put_consumer(k, view.encode())
         if self.on_consumer is not None:
             self.on_consumer(k, True)
         return k
 
     async def delete_consumer(self, k: Consumer) -> None:
-        ledger = self.ledgers.pop((k.channel, k.id), None)
-        if ledger is not None:
-            ledger.close()
+        view = self.views.pop((k.channel, k.id), None)
         self._dirty.discard((k.channel, k.id))
+        registry = self.broker.consumers
+        if view is not None and registry is not None and not view.closed:
+            view.consumer.on_available = None
+            await registry.delete(view.consumer.stream.name, view.consumer.name)
         if self.on_consumer is not None:
             self.on_consumer(k, False)
         await self.registry.delete_consumer(k)
@@ -312,8 +338,8 @@ class WebhookService:
     def consumers_of(self, channel_id: str) -> list[Consumer]:
         return [k for (ch, _), k in self.registry.consumers.items() if ch == channel_id]
 
-    def ledger(self, k: Consumer) -> JobLedger:
-        return self.ledgers[(k.channel, k.id)]
+    def jobs(self, k: Consumer) -> JobView:
+        return self.views[(k.channel, k.id)]
 
     # -- messages --------------------------------------------------------------------------------------
     def message_seq(self, channel_id: str, message_id: str) -> int | None:
@@ -421,9 +447,7 @@ class WebhookService:
 
     def _on_schedule(self) -> None:
         self._sched_timer = None
-        task = asyncio.ensure_future(self._dispatch_due())
-        self._index_tasks.add(task)
-        task.add_done_callback(self._index_tasks.discard)
+        self._spawn(self._dispatch_due())
 
     async def _dispatch_due(self) -> None:
         now = self.clock.now()

@@ -61,7 +61,7 @@ class Tether:
         self.webhooks = WebhookService(
             self.broker,
             clock,
-            ServiceSettings(webhook_api.ledger_settings(cfg), cfg.webhook_token_key),
+            ServiceSettings(webhook_api.job_settings(cfg), cfg.webhook_token_key),
         )
         await self.webhooks.start()
         self.webhook_front = webhook_api.build(self.webhooks, cfg)

@@ -86,8 +86,8 @@ def job_of(api: Api, consumer: Consumer, job_id: str) -> int | Response:
     owner = api.service.registry.by_num.get(num)
     if owner is None:
         return text(404, "job could not be found")
-    ledger = api.service.ledgers.get((owner.channel, owner.id))
-    if ledger is None or ledger.info(seq) is None:
+    view = api.service.views.get((owner.channel, owner.id))
+    if view is None or view.status(seq) is None:
         return text(404, "job could not be found")
     if owner is not consumer and (owner.channel, owner.id) != (consumer.channel, consumer.id):
         return text(401, "job could not be found")

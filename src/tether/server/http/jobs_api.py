@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tether.engine.jobs import DEAD, NOT_DEAD, Job, JobError
+from tether.engine.jobs import DEAD, NOT_DEAD, JobError, JobInfo
 from tether.engine.jobs_registry import Consumer, verify_token
 from tether.server.http.auth import job_of, pull_consumer
 from tether.server.http.common import (
@@ -72,7 +72,7 @@ def _state_change(doc: dict[str, Any]) -> tuple[str, int]:
 def routes(api: Api) -> list[Route]:
     service = api.service
 
-    async def jobs_body(k: Consumer, jobs: list[Job], with_deadline: bool = False) -> list[Any]:
+    async def jobs_body(k: Consumer, jobs: list[JobInfo], with_deadline: bool = False) -> list[Any]:
         views = {v.seq: v for v in await service.read_many(k.channel, [j.seq for j in jobs])}
         out = []
         for j in jobs:
@@ -108,7 +108,7 @@ def routes(api: Api) -> list[Route]:
             limit = min(int(raw), MAX_LIMIT)
         else:
             return text(400, "invalid query parameter")
-        jobs = service.ledger(k).peek(limit)
+        jobs = service.jobs(k).peek(limit)
         return json({"Result": await jobs_body(k, jobs)})
 
     async def _job_route(request: Request) -> tuple[Consumer, int] | Response:
@@ -129,9 +129,9 @@ def routes(api: Api) -> list[Route]:
         if isinstance(found, Response):
             return found
         k, seq = found
-        ledger = service.ledger(k)
+        jobs_view = service.jobs(k)
         if request.method == "GET":
-            info = ledger.info(seq)
+            info = jobs_view.info(seq)
             view = await service.read(k.channel, seq)
             if info is None or view is None:
                 return text(404, "job could not be found")
@@ -156,7 +156,7 @@ def routes(api: Api) -> list[Route]:
             )
         try:
             state, timeout = _state_change(_json_object(await request.body(), empty_ok=False))
-            ledger.transition(seq, state, timeout)
+            jobs_view.transition(seq, state, timeout)
         except (ValueError, JobError) as exc:
             return text(400, str(exc))
         return Response(status_code=202)
@@ -166,7 +166,7 @@ def routes(api: Api) -> list[Route]:
         if isinstance(found, Response):
             return found
         k, seq = found
-        if not service.ledger(k).requeue_dead(seq):
+        if not service.jobs(k).requeue_dead(seq):
             return text(400, NOT_DEAD)
         return Response(status_code=202)
 
@@ -183,7 +183,7 @@ def routes(api: Api) -> list[Route]:
         seq = job_of(api, k, request.path_params["jobId"])
         if isinstance(seq, Response):
             return text(404, "job could not be found")
-        if not service.ledger(k).delete_dead(seq):
+        if not service.jobs(k).delete_dead(seq):
             return text(404, "job is not dead")
         return Response(status_code=204)
 
@@ -193,20 +193,20 @@ def routes(api: Api) -> list[Route]:
             k = pull_consumer(api, request, cid, kid, pull=False)
             if isinstance(k, Response):
                 return k
-            return json({"deletedCount": service.ledger(k).delete_all_dead()})
+            return json({"deletedCount": service.jobs(k).delete_all_dead()})
         if request.method == "POST" and not is_form(request):
             return text(415, UNSUPPORTED_MEDIA)
         found = service.registry.consumers.get((cid, kid))
         if found is None:
             return text(404, NOT_FOUND)
-        ledger = service.ledger(found)
+        jobs_view = service.jobs(found)
         if request.method == "POST":
             form = await form_values(request)
             if form is None or not verify_token(form.get("requeue"), found.token_hash):
                 return text(400, "`requeue` form param must match consumer token")
-            ledger.requeue_all_dead()
+            jobs_view.requeue_all_dead()
             return Response(status_code=202)
-        dead = ledger.dead()
+        dead = jobs_view.dead()
         page, links = paginate(request, dead, lambda j: (job_id(found, j.seq), j.changed))
         views = {v.seq: v for v in await service.read_many(cid, [j.seq for j in page])}
         items = []
@@ -250,9 +250,9 @@ def routes(api: Api) -> list[Route]:
         key = (k.channel, k.id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + float(wait)
-        ledger = service.ledger(k)
-        jobs = ledger.claim(limit, timeout or None)
-        while not jobs and not ledger.closed:
+        jobs_view = service.jobs(k)
+        jobs = jobs_view.claim(limit, timeout or None)
+        while not jobs and not jobs_view.closed:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
@@ -264,7 +264,7 @@ def routes(api: Api) -> list[Route]:
                 pass
             finally:
                 api.waiters.get(key, set()).discard(fut)
-            jobs = ledger.claim(limit, timeout or None)
+            jobs = jobs_view.claim(limit, timeout or None)
         service.counters.claimed += len(jobs)
         return json({"Result": await jobs_body(k, jobs, with_deadline=True)})
 
@@ -276,7 +276,7 @@ def routes(api: Api) -> list[Route]:
         try:
             doc = _json_object(await request.body(), empty_ok=True)
             timeout = _int_field(doc, "IncrementalTimeout", -1, MAX_TIMEOUT)
-            deadline = service.ledger(k).touch(seq, None if timeout < 0 else timeout)
+            deadline = service.jobs(k).touch(seq, None if timeout < 0 else timeout)
         except (ValueError, JobError) as exc:
             return text(400, str(exc))
         return json({"Deadline": rfc3339(deadline)})
@@ -299,7 +299,7 @@ def routes(api: Api) -> list[Route]:
                 changes.append((item["ID"], *_state_change(item)))
         except ValueError as exc:
             return text(400, str(exc))
-        ledger = service.ledger(k)
+        jobs_view = service.jobs(k)
         results = []
         for jid, state, timeout in changes:
             seq = job_of(api, k, jid)
@@ -309,7 +309,7 @@ def routes(api: Api) -> list[Route]:
                 )
                 continue
             try:
-                ledger.transition(seq, state, timeout)
+                jobs_view.transition(seq, state, timeout)
                 results.append({"ID": jid, "Status": 202, "Error": ""})
             except JobError as exc:
                 results.append({"ID": jid, "Status": 400, "Error": str(exc)})

@@ -62,8 +62,8 @@ def message_body(api: Api, channel_id: str, view: MessageView) -> dict[str, Any]
     producer = reg.producers.get(view.producer)
     jobs = []
     for k in api.service.consumers_of(channel_id):
-        ledger = api.service.ledgers.get((k.channel, k.id))
-        info = ledger.info(view.seq) if ledger is not None else None
+        jobs_view = api.service.views.get((k.channel, k.id))
+        info = jobs_view.info(view.seq) if jobs_view is not None else None
         if info is not None:
             jobs.append(
                 {

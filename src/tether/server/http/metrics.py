@@ -1,6 +1,6 @@
 """``/metrics`` in Prometheus' text format, and the status summaries.
 
-Gauges are computed when scraped from the ledgers (no bookkeeping on the hot path);
+Gauges are computed when scraped from the consumers (no bookkeeping on the hot path);
 counters come from the service's monotonic :class:`Counters`. Each server has its own
 registry, so several servers in one process (tests) never share series.
 """
@@ -39,11 +39,12 @@ class JobsCollector(Collector):
             "tether_jobs", "Jobs per consumer and status", labels=["channel", "consumer", "status"]
         )
         total_queued = 0
-        for (channel, consumer), ledger in service.ledgers.items():
-            total_queued += ledger.counts[QUEUED]
-            dead.add_metric([channel, consumer], ledger.counts[DEAD])
+        for (channel, consumer), view in service.views.items():
+            counts = view.counts()
+            total_queued += counts[QUEUED]
+            dead.add_metric([channel, consumer], counts[DEAD])
             for status in (QUEUED, INFLIGHT, DEAD):
-                jobs.add_metric([channel, consumer, status], ledger.counts[status])
+                jobs.add_metric([channel, consumer, status], counts[status])
         queued.add_metric([], total_queued)
         yield queued
         yield dead
@@ -79,12 +80,9 @@ def metrics_endpoint(service: WebhookService):  # type: ignore[no-untyped-def]
 def job_status(service: WebhookService) -> dict[str, dict[str, list[dict[str, object]]]]:
     """``/job-status``: counts per channel, consumer and status (webhook-broker's codes)."""
     out: dict[str, dict[str, list[dict[str, object]]]] = {}
-    for (channel, consumer), ledger in service.ledgers.items():
+    for (channel, consumer), view in service.views.items():
         rows: list[dict[str, object]] = []
-        by_status: dict[str, list[int]] = {QUEUED: [], INFLIGHT: [], DEAD: []}
-        for job in ledger.jobs.values():
-            by_status[job.status].append(job.changed)
-        for status, stamps in by_status.items():
+        for status, stamps in view.stamps().items():
             if stamps:
                 rows.append(
                     {
@@ -94,7 +92,7 @@ def job_status(service: WebhookService) -> dict[str, dict[str, list[dict[str, ob
                         "newestItemTimestamp": rfc3339(max(stamps)),
                     }
                 )
-        delivered = len(ledger.done)
+        delivered = view.delivered_count()
         if delivered:
             rows.append(
                 {
@@ -112,10 +110,11 @@ def job_status(service: WebhookService) -> dict[str, dict[str, list[dict[str, ob
 def dlq_status(service: WebhookService) -> dict[str, list[dict[str, object]]]:
     reg = service.registry
     consumers = []
-    for (channel, consumer), ledger in sorted(service.ledgers.items()):
+    for (channel, consumer), view in sorted(service.views.items()):
         k = reg.consumers.get((channel, consumer))
         c = reg.channels.get(channel)
-        if k is None or not ledger.counts[DEAD]:
+        dead_count = view.counts()[DEAD]
+        if k is None or not dead_count:
             continue
         consumers.append(
             {
@@ -123,7 +122,7 @@ def dlq_status(service: WebhookService) -> dict[str, list[dict[str, object]]]:
                 "channelName": c.name if c else channel,
                 "consumerId": consumer,
                 "consumerName": k.name,
-                "deadCount": ledger.counts[DEAD],
+                "deadCount": dead_count,
             }
         )
     return {"consumers": consumers}

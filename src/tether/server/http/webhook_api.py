@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from tether.engine.jobs import NS, LedgerSettings
+from tether.engine.jobs import NS, JobSettings
 from tether.engine.jobs_registry import Consumer, random_token, valid_id, verify_token
 from tether.engine.jobs_service import WebhookService
 from tether.server.config import ServerConfig, WebhookSeed
@@ -29,9 +29,9 @@ from tether.server.webhooks.worker import PushDelivery, PushSettings
 STOP_MARGIN = 0.25
 
 
-def ledger_settings(cfg: ServerConfig) -> LedgerSettings:
+def job_settings(cfg: ServerConfig) -> JobSettings:
     base = cfg.webhook_connection_timeout + STOP_MARGIN + cfg.webhook_rational_delay
-    return LedgerSettings(
+    return JobSettings(
         max_retry=max(cfg.webhook_max_retry, 0),
         inflight_base_ns=int(base * NS),
         backoff_ns=[int(d * NS) for d in cfg.webhook_retry_backoff if d >= 0],

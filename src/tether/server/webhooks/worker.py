@@ -1,14 +1,15 @@
 """Push delivery: POST each job of a push consumer to its callback URL.
 
-One worker per push consumer claims jobs from its ledger (highest priority first, then
-oldest) and keeps at most ``concurrency`` deliveries in flight. A 2xx answer delivers
-the job; a timeout, a connection error or any other status is a failed attempt, retried
-after webhook-broker's backoff (5, 30, 60 s, then linear) until ``max_retry`` retries
-have failed, when the job is DEAD. The request carries webhook-broker's headers.
+One worker per push consumer claims jobs from its durable consumer (highest priority
+first, then oldest) and keeps at most ``concurrency`` deliveries in flight. A 2xx answer
+acks the job; a timeout, a connection error or any other status is a failed attempt: a
+nak delayed by webhook-broker's backoff (5, 30, 60 s, then linear), until the
+consumer's ``max_deliver`` (``max_retry`` + 1) attempts have failed, when the job is
+DEAD. The request carries webhook-broker's headers.
 
 While a delivery is in flight its job is INFLIGHT with a deadline past the connection
-timeout, so a worker that vanishes (crash) cannot lose it: after a restart the ledger's
-in-flight jobs are queued again (:meth:`JobLedger.recover_in_flight`).
+timeout, so a worker that vanishes (crash) cannot lose it: after a restart the
+consumer's in-flight jobs are queued again (:meth:`JobView.recover_in_flight`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from tether.engine.jobs import Job
+from tether.engine.jobs import JobInfo
 from tether.engine.jobs_registry import Consumer
 from tether.engine.jobs_service import WebhookService
 
@@ -48,7 +49,7 @@ class PushDelivery:
     def start(self) -> None:
         for consumer in list(self.service.registry.consumers.values()):
             if consumer.type == "push":
-                self.service.ledger(consumer).recover_in_flight()
+                self.service.jobs(consumer).recover_in_flight()
                 self._start(consumer)
 
     def _start(self, consumer: Consumer) -> None:
@@ -136,11 +137,11 @@ class ConsumerWorker:
         while not self._stopping:
             self._event.clear()
             consumer = service.registry.consumers.get(self.key)
-            ledger = service.ledgers.get(self.key)
-            if consumer is None or ledger is None or consumer.type != "push":
+            view = service.views.get(self.key)
+            if consumer is None or view is None or consumer.type != "push":
                 return
             free = limit - len(self._flying)
-            jobs = ledger.claim(free) if free > 0 else []
+            jobs = view.claim(free) if free > 0 else []
             for job in jobs:
                 task = asyncio.ensure_future(self._deliver(consumer, job))
                 self._flying.add(task)
@@ -152,11 +153,8 @@ class ConsumerWorker:
         self._flying.discard(task)
         self._event.set()
 
-    async def _deliver(self, consumer: Consumer, job: Job) -> None:
+    async def _deliver(self, consumer: Consumer, job: JobInfo) -> None:
         service = self.owner.service
-        ledger = service.ledgers.get(self.key)
-        if ledger is None:
-            return
         ok = False
         try:
             ok = await self._post(consumer, job)
@@ -166,12 +164,18 @@ class ConsumerWorker:
             log.debug("delivery to %s failed: %s", consumer.callback, exc)
         if ok:
             service.counters.deliveries_ok += 1
-            ledger.deliver(job.seq)
         else:
             service.counters.deliveries_failed += 1
-            ledger.fail(job.seq)
+        # Looked up now: the consumer may have been recreated (or deleted) meanwhile.
+        view = service.views.get(self.key)
+        if view is None:
+            return
+        if ok:
+            view.deliver(job.seq)
+        else:
+            view.fail(job.seq)
 
-    async def _post(self, consumer: Consumer, job: Job) -> bool:
+    async def _post(self, consumer: Consumer, job: JobInfo) -> bool:
         service = self.owner.service
         settings = self.owner.settings
         view = await service.read(consumer.channel, job.seq)
