@@ -87,11 +87,12 @@ async def test_fetch_timeouts(js: JetStreamContext) -> None:
     with pytest.raises(nats.errors.TimeoutError):
         await sub.fetch(5, timeout=0.3)
     # A fetch that is waiting when messages arrive gets them.
-    task = asyncio.ensure_future(sub.fetch(3, timeout=2))
+    task = asyncio.ensure_future(sub.fetch(3, timeout=5))
     await asyncio.sleep(0.1)
     await publish(js, f"{s}.a", 2)
     got = await task
-    assert [m.data for m in got] == [b"m0"] or len(got) >= 1
+    # nats-py returns what the first delivery brought: one or both messages, in order.
+    assert [m.data for m in got] in ([b"m0"], [b"m0", b"m1"])
 
 
 async def test_fetch_with_heartbeat(js: JetStreamContext) -> None:
