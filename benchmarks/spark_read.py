@@ -3,8 +3,9 @@
 Fills a stream with ``--messages`` messages of ``--size`` bytes (SDK ``publish_async``),
 then measures, each on the whole stream:
 
-* ``fetch only``: the executor read path (batched DIRECT.GET into Arrow batches) run
-  in this process without Spark: the ceiling the server and client allow;
+* ``fetch only``: the executor read path (batched DIRECT.GET, or the consumer
+  fallback, into Arrow batches) run in this process without Spark: the ceiling the
+  server and client allow with one reader;
 * ``batch, Arrow``: ``spark.read.format("tether")`` with ``--partitions`` partitions,
   ``read()`` yielding Arrow record batches (what the connector does);
 * ``batch, tuples``: the same reads yielding one Python tuple per row (for comparison);
@@ -15,6 +16,7 @@ Rows/s = messages / wall time of the Spark action (session start excluded).
 
     .venv/bin/python benchmarks/spark_read.py                     # 1M x 128 B on Tether
     .venv/bin/python benchmarks/spark_read.py --messages 200000 --peer nats-server
+    .venv/bin/python benchmarks/spark_read.py --read-method consumer
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _peers import start_nats_server, start_tether  # after the sys.path tweak above
 
-from tether.client import connect
+from tether.client import ServiceUnavailable, connect
 from tether.spark import TetherDataSource, _runtime
 from tether.spark._fetch import RangePartition, read_partition
 from tether.spark.batch import TetherBatchReader
@@ -43,7 +47,14 @@ async def fill(url: str, messages: int, size: int) -> float:
     """Create BENCH and publish; returns messages per second."""
     nc = await connect(url)
     js = nc.jetstream(timeout=30, max_pending_acks=4000)
-    await js.add_stream(name="BENCH", subjects=["bench.>"], allow_direct=True)
+    for attempt in range(50):  # a freshly started server may not answer the API yet
+        try:
+            await js.add_stream(name="BENCH", subjects=["bench.>"], allow_direct=True)
+            break
+        except ServiceUnavailable:
+            if attempt == 49:
+                raise
+            await asyncio.sleep(0.1)
     payload = b"x" * size
     start = time.perf_counter()
     for i in range(messages):
@@ -73,9 +84,11 @@ class TupleSource(TetherDataSource):
         return TupleReader(read_options(self.options, streaming=False))
 
 
-def fetch_only(url: str, messages: int) -> float:
+def fetch_only(url: str, messages: int, method: str) -> float:
     opts = read_options({"servers": url, "stream": "BENCH"}, streaming=False)
-    part = RangePartition(opts.conn, "BENCH", 1, messages + 1, (), False, "direct", 10_000, 8 << 20)
+    part = RangePartition(
+        opts.conn, "BENCH", 1, messages + 1, (), False, method, opts.fetch_batch_size, 8 << 20
+    )
     start = time.perf_counter()
     rows = sum(batch.num_rows for batch in read_partition(part))
     elapsed = time.perf_counter() - start
@@ -99,6 +112,7 @@ def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, floa
             .option("stream", "BENCH")
             .option("minPartitions", str(args.partitions))
             .option("maxRecordsPerPartition", str(max(1, n // args.partitions)))
+            .option("readMethod", args.read_method)
             .load()
         )
         start = time.perf_counter()
@@ -106,7 +120,7 @@ def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, floa
         elapsed = time.perf_counter() - start
         assert count == n, count
         results[label] = n / elapsed
-    checkpoint = Path(args.workdir) / f"ck-{time.time_ns()}"
+    checkpoint = tempfile.mkdtemp(prefix="tether-spark-bench-")
     query = (
         spark.readStream.format("tether")
         .option("servers", url)
@@ -114,20 +128,24 @@ def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, floa
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(args.per_trigger))
         .option("minPartitions", str(args.partitions))
+        .option("readMethod", args.read_method)
         .load()
         .writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
+        .option("checkpointLocation", checkpoint)
         .trigger(availableNow=True)
     )
     elapsed = timed(lambda: query.start().awaitTermination())
     results["streaming"] = n / elapsed
+    shutil.rmtree(checkpoint, ignore_errors=True)
     return results
 
 
 def run_against(server_url: str, name: str, spark: Any, args: argparse.Namespace) -> None:
     pub = asyncio.run(fill(server_url, args.messages, args.size))
     print(f"[{name}] published {args.messages:,} x {args.size} B at {pub:,.0f} msg/s")
-    print(f"[{name}] fetch only (no Spark): {fetch_only(server_url, args.messages):,.0f} rows/s")
+    for method in ("direct", "consumer"):
+        rate = fetch_only(server_url, args.messages, method)
+        print(f"[{name}] fetch only, {method:<8} {rate:>10,.0f} rows/s  (one reader, no Spark)")
     _runtime.close_all()
     for label, rate in spark_runs(spark, server_url, args).items():
         print(f"[{name}] {label:<14} {rate:>10,.0f} rows/s")
@@ -141,7 +159,7 @@ def main() -> None:
     parser.add_argument("--per-trigger", type=int, default=100_000)
     parser.add_argument("--store", default="memory", help="Tether store: memory or sqlite")
     parser.add_argument("--peer", choices=("tether", "nats-server"), default="tether")
-    parser.add_argument("--workdir", default="/tmp")
+    parser.add_argument("--read-method", choices=("auto", "direct", "consumer"), default="auto")
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -157,7 +175,11 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(TupleSource)
-    start = start_tether(store=args.store) if args.peer == "tether" else start_nats_server()
+    start = (
+        start_tether(store=args.store)
+        if args.peer == "tether"
+        else start_nats_server(jetstream=True)
+    )
     with start as server:
         run_against(server.url, args.peer, spark, args)
     spark.stop()

@@ -12,6 +12,7 @@ import itertools
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 pytest.importorskip("pyspark", reason="needs the spark extra (pyspark)")
 pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 
-from tether.client import connect
+from tether.client import ServiceUnavailable, connect
 from tether.spark import _runtime
 from tether.testing import RunningServer, run_server
 
@@ -29,12 +30,6 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 _names = itertools.count(1)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/spark/" in str(item.path).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +45,23 @@ def spark() -> Iterator[Any]:
         pytest.skip("needs Java for a local Spark session")
     from pyspark.sql import SparkSession
 
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("tether-spark-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    with warnings.catch_warnings():
+        # PySpark warns at session start when pandas >= 3 is installed; these tests
+        # do not use pandas.
+        warnings.filterwarnings(
+            "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+        )
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     for query in session.streams.active:
@@ -88,7 +90,14 @@ class Helpers:
         try:
             js = nc.jetstream(timeout=10)
             if stream is not None:
-                await js.add_stream(name=stream, subjects=list(subjects), **config)
+                for attempt in range(50):  # a freshly started server may not answer yet
+                    try:
+                        await js.add_stream(name=stream, subjects=list(subjects), **config)
+                        break
+                    except ServiceUnavailable:
+                        if attempt == 49:
+                            raise
+                        await asyncio.sleep(0.1)
             for subject, payload, headers in messages:
                 await js.publish_async(subject, payload, headers=headers)
             await js.publish_async_completed(timeout=30)

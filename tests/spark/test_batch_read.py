@@ -10,6 +10,8 @@ import pytest
 from tether.spark import TetherDataSource
 from tether.testing import RunningServer
 
+pytestmark = pytest.mark.spark
+
 
 def read(spark: Any, url: str, stream: str, **options: str) -> Any:
     return (

@@ -18,6 +18,8 @@ from tether.spark.options import (
 )
 from tether.spark.schema import arrow_schema
 
+pytestmark = pytest.mark.spark
+
 
 def opts(**kv: str) -> CaseInsensitiveDict:
     return CaseInsensitiveDict(kv)

@@ -9,6 +9,8 @@ import pytest
 
 from tether.testing import RunningServer
 
+pytestmark = pytest.mark.spark
+
 
 def count(tools: Any, url: str, stream: str) -> int:
     return int(tools.api(url, f"STREAM.INFO.{stream}")["state"]["messages"])

@@ -21,7 +21,9 @@ from tether.spark import _runtime
 from tether.spark._fetch import RangePartition, read_partition
 from tether.spark.options import TetherSparkError, read_options
 from tether.spark.streaming import TetherStreamReader
-from tether.testing import RunningServer, run_nats_server
+from tether.testing import RunningServer, run_nats_server, run_server
+
+pytestmark = pytest.mark.spark
 
 
 def reader(url: str, stream: str, **options: str) -> TetherStreamReader:
@@ -184,3 +186,37 @@ def test_durable_hint_acks_up_to_the_committed_sequence(
     assert info["num_ack_pending"] == 0
     r.commit({"stream": name, "seq": 9})  # already there: nothing to do
     assert tools.api(url, f"CONSUMER.INFO.{name}.spark_q")["ack_floor"]["stream_seq"] == 8
+
+
+@pytest.mark.parametrize(
+    ("server_args", "url_auth", "good", "bad"),
+    [
+        (
+            ("--user", "spark", "--password", "s3cret"),
+            "spark:s3cret@",
+            {"user": "spark", "password": "s3cret"},
+            {"user": "spark", "password": "nope"},
+        ),
+        (("--auth-token", "t0ken"), "t0ken@", {"token": "t0ken"}, {"token": "wrong"}),
+    ],
+)
+def test_credentials(
+    server_args: tuple[str, ...],
+    url_auth: str,
+    good: dict[str, str],
+    bad: dict[str, str],
+    tools: Any,
+) -> None:
+    """Options user/password and token reach the server; refused ones name the options."""
+    with run_server(store="memory", args=server_args) as srv:
+        try:
+            setup_url = srv.url.replace("nats://", "nats://" + url_auth)
+            tools.make_stream(setup_url, "AUTH", ["auth.>"], tools.numbered("auth.a", 0, 3))
+            r = reader(srv.url, "AUTH", startingOffsets="earliest", **good)
+            start = r.initialOffset()
+            end = r.latestOffset(start, ReadAllAvailable())
+            assert rows(r.partitions(start, end)) == [1, 2, 3]
+            with pytest.raises(TetherSparkError, match="'user'/'password'/'token'"):
+                reader(srv.url, "AUTH", **bad).latestOffset(start, ReadAllAvailable())
+        finally:
+            _runtime.close_all()

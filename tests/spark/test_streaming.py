@@ -16,6 +16,8 @@ import pytest
 
 from tether.testing import RunningServer
 
+pytestmark = pytest.mark.spark
+
 
 class Collector:
     """A foreachBatch sink: sequences per batch id (a replay replaces its batch)."""

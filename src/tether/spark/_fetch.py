@@ -318,6 +318,7 @@ class _ConsumerReader:
         self.name = f"spark-{uuid.uuid4().hex[:16]}"
         self.sub: PullSubscription | None = None
         self.next = p.start
+        self.pending = 0  # matching messages the consumer has not delivered yet
 
     async def next_chunk(self) -> _Chunk:
         p = self.p
@@ -343,10 +344,12 @@ class _ConsumerReader:
                     f"cannot create a consumer on stream {p.stream!r} to read it: {exc}"
                 ) from None
             self.sub = await js.pull_subscribe(p.stream, self.name)
-            if info.num_pending == 0:
+            self.pending = info.num_pending
+            if self.pending == 0:
                 chunk.done = True
                 return chunk
-        want = max(1, min(p.batch_size, p.end - self.next))
+        # Never ask for more than is pending: a pull for more would wait out its timeout.
+        want = max(1, min(p.batch_size, p.end - self.next, self.pending))
         try:
             msgs = await self.sub.fetch(want, timeout=p.conn.timeout)
         except ClientError as exc:
@@ -354,7 +357,7 @@ class _ConsumerReader:
         for msg in msgs:
             meta = msg.metadata
             seq = meta.stream_seq
-            chunk.pending = meta.num_pending
+            chunk.pending = self.pending = meta.num_pending
             if seq >= p.end:
                 chunk.done = True
                 break

@@ -110,9 +110,9 @@ class TetherStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             if seq > state.last_seq + 1:
                 raise TetherSparkError(
-                    f"stream {opts.stream!r} ends at sequence {state.last_seq} but the checkpoint "
-                    f"is at {seq}: the stream was deleted and recreated; start the query with a "
-                    "new checkpoint location"
+                    f"stream {opts.stream!r} ends at sequence {state.last_seq} but the query is "
+                    f"at {seq}: the stream was deleted and recreated (start the query with a "
+                    "new checkpoint location), or option 'startingOffsets' points past its end"
                 )
             effective = seq
             if seq < first:
