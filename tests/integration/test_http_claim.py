@@ -18,10 +18,10 @@ async def test_eight_workers_claim_and_ack_ten_thousand_jobs_exactly_once(
     memory_server: RunningServer,
 ) -> None:
     srv = memory_server
-    base = "/channel/work/consumer/w"
+    base = "/channel/tasks/consumer/w"
     auth = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "kt"}
     async with httpx.AsyncClient(base_url=srv.http_url, timeout=30) as http:
-        assert (await http.put("/channel/work", data={"token": "ct"})).status_code == 200
+        assert (await http.put("/channel/tasks", data={"token": "ct"})).status_code == 200
         r = await http.put(
             base, data={"token": "kt", "callbackUrl": "http://x.test/", "type": "pull"}
         )
@@ -31,7 +31,7 @@ async def test_eight_workers_claim_and_ack_ten_thousand_jobs_exactly_once(
             js = nc.jetstream()
             for start in range(0, JOBS, 1000):
                 acks = await asyncio.gather(
-                    *(js.publish("wb.work", b"%d" % i) for i in range(start, start + 1000))
+                    *(js.publish("wb.tasks", b"%d" % i) for i in range(start, start + 1000))
                 )
                 assert len({a.seq for a in acks}) == 1000
         finally:
@@ -70,7 +70,7 @@ async def test_eight_workers_claim_and_ack_ten_thousand_jobs_exactly_once(
         assert set(handed_out.values()) == {1}
         assert payloads == Counter(b"%d" % i for i in range(JOBS))
         assert (await http.get(f"{base}/queued-jobs", headers=auth)).json()["Result"] == []
-        status = (await http.get("/job-status")).json()["work"]["w"]
+        status = (await http.get("/job-status")).json()["tasks"]["w"]
         assert status == [
             {"status": 1002, "count": JOBS, "oldestItemTimestamp": "", "newestItemTimestamp": ""}
         ]
