@@ -478,3 +478,16 @@ def test_purging_below_a_sequence_past_the_end_moves_numbering_forward(ten: Stre
     assert (ten.first_seq, ten.last_seq) == (20, 19)
     assert add(ten, "s.a") == []
     assert live(ten) == [20]
+
+
+def test_count_from_a_sequence_with_and_without_gaps() -> None:
+    stream = make()
+    for i in range(10):
+        add(stream, f"s.{i % 3}")
+    assert stream.count_matching(4, ()) == 7  # dense: arithmetic
+    assert stream.count_matching(11, ()) == 0
+    stream.remove(6)
+    stream.remove(9)
+    assert stream.count_matching(4, ()) == 5  # gaps: counted
+    assert stream.count_matching(1, ()) == 8
+    assert stream.count_matching(4, ("s.0",)) == 3  # seqs 4, 7 and 10 are on s.0

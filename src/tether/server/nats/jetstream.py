@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -41,12 +42,18 @@ LIST_LIMIT = 256
 DIRECT_MAX_BYTES = 64 * 1024 * 1024  # a batch's default byte budget (nats-server's MaxPending)
 
 
+@functools.lru_cache(maxsize=1024)
+def _second(secs: int) -> str:
+    # Messages stored in the same second share this prefix; strftime is the costly part.
+    return datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def rfc3339(ns: int) -> str:
     """Go's RFC3339Nano in UTC: trailing zeros of the fraction trimmed; 0 is Go's zero time."""
     if ns <= 0:
         return ZERO_TIME
     secs, frac = divmod(ns, 1_000_000_000)
-    base = datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    base = _second(secs)
     if not frac:
         return base + "Z"
     return f"{base}.{frac:09d}".rstrip("0") + "Z"
