@@ -14,6 +14,10 @@ server's single event loop is what is measured):
     .venv/bin/python benchmarks/http_jobs.py              # 20k broadcasts, 50k jobs, 20k pushes
     .venv/bin/python benchmarks/http_jobs.py --quick      # a tenth of that
     .venv/bin/python benchmarks/http_jobs.py --store sqlite --sync os
+    .venv/bin/python benchmarks/http_jobs.py --only push --profile push.svg   # py-spy
+
+Each load also reports the server process's CPU time per operation (user + system, from
+/proc), which is steadier than rates on a shared machine.
 
 Targets on a 2-core machine: >= 3,000 broadcasts/s, >= 10,000 jobs/s, >= 2,000 pushes/s.
 """
@@ -26,6 +30,7 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from tether.testing import run_server
 
 TARGETS = {"broadcast": 3000.0, "claim": 10000.0, "push": 2000.0}
+LOADS = tuple(TARGETS)
 CLIENT_PROCS = 2
 WORKERS = 8
 AUTH_PRODUCER = {
@@ -258,6 +264,34 @@ def bench_push(url: str, nats_url: str, count: int) -> float:
         receiver.kill()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _py_spy(pid: int, out: str) -> subprocess.Popen[bytes]:
+    py_spy = Path(sys.executable).parent / "py-spy"
+    # A flame graph for .svg, speedscope for .json, else collapsed stacks (grep-able).
+    fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(Path(out).suffix, "raw")
+    return subprocess.Popen(
+        [
+            str(py_spy),
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "200",
+            "--output",
+            out,
+            "--format",
+            fmt,
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -265,8 +299,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tenth of the messages")
     parser.add_argument("--store", default="sqlite", choices=["sqlite", "memory"])
     parser.add_argument("--sync", default="always", choices=["always", "os"])
+    parser.add_argument("--only", action="append", choices=LOADS, help="run only this load")
+    parser.add_argument(
+        "--profile", metavar="FILE", help="record the server with py-spy (one load: --only)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
+    loads = args.only or list(LOADS)
+    if args.profile and len(loads) != 1:
+        parser.error("--profile needs exactly one --only load")
     scale = 10 if args.quick else 1
     counts = {"broadcast": 20_000 // scale, "claim": 50_000 // scale, "push": 20_000 // scale}
     store_dir = tempfile.mkdtemp(prefix="tether-bench-")
@@ -274,28 +315,48 @@ def main() -> None:
     conf = Path(store_dir) / "bench.toml"
     conf.write_text("webhook_concurrency = 16\n")
     results: dict[str, float] = {}
+    cpu_us: dict[str, float] = {}
     with run_server(store=store, args=["--sync", args.sync, "--config", str(conf)]) as srv:
+        assert srv.proc is not None
+        pid = srv.proc.pid
         with httpx.Client(base_url=srv.http_url) as http:
             http.put("/channel/bench", data={"token": "ct"}).raise_for_status()
             http.put("/producer/bench", data={"token": "pt"}).raise_for_status()
-        results["broadcast"] = bench_broadcast(srv.http_url, counts["broadcast"])
-        results["claim"] = bench_claim(srv.http_url, srv.url, counts["claim"])
-        results["push"] = bench_push(srv.http_url, srv.url, counts["push"])
+        runs = {
+            "broadcast": lambda: bench_broadcast(srv.http_url, counts["broadcast"]),
+            "claim": lambda: bench_claim(srv.http_url, srv.url, counts["claim"]),
+            "push": lambda: bench_push(srv.http_url, srv.url, counts["push"]),
+        }
+        for name in loads:
+            # The CPU window includes the load's setup (the backlog published over NATS
+            # for claim and push): per-operation figures are upper bounds.
+            spy = _py_spy(pid, args.profile) if args.profile else None
+            before = _cpu_seconds(pid)
+            results[name] = runs[name]()
+            cpu_us[name] = (_cpu_seconds(pid) - before) / counts[name] * 1e6
+            if spy is not None:
+                spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+                spy.wait()
     report = {
         "store": store.split(":")[0],
         "sync": args.sync,
         "cpus": os.cpu_count(),
         "host": socket.gethostname(),
+        "load1": round(os.getloadavg()[0], 2),
         **{f"{k}_per_s": round(v) for k, v in results.items()},
+        **{f"{k}_server_cpu_us": round(v) for k, v in cpu_us.items()},
     }
     if args.json:
         print(json.dumps(report))
         return
-    print(f"store={report['store']} sync={args.sync} cpus={report['cpus']}")
+    print(f"store={report['store']} sync={args.sync} cpus={report['cpus']} load1={report['load1']}")
     for name, rate in results.items():
         target = TARGETS[name]
         verdict = "ok" if rate >= target else "BELOW TARGET"
-        print(f"{name:>10}: {rate:>9,.0f}/s  (target {target:,.0f}/s, {verdict})")
+        print(
+            f"{name:>10}: {rate:>9,.0f}/s  (target {target:,.0f}/s, {verdict})"
+            f"  server CPU {cpu_us[name]:,.0f} us/op"
+        )
 
 
 if __name__ == "__main__":

@@ -10,21 +10,27 @@ DEAD. The request carries webhook-broker's headers.
 While a delivery is in flight its job is INFLIGHT with a deadline past the connection
 timeout, so a worker that vanishes (crash) cannot lose it: after a restart the
 consumer's in-flight jobs are queued again (:meth:`JobView.recover_in_flight`).
+
+The client is aiohttp: its C parser and plain asyncio streams cost about 0.2 ms of CPU
+per request where httpx (httpcore over anyio) cost about 3 ms, which capped push
+delivery at a few hundred per second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 from tether.engine.jobs import JobInfo
 from tether.engine.jobs_registry import Consumer
 from tether.engine.jobs_service import WebhookService
+from tether.server.webhooks.proxies import ProxyChoice
 
 log = logging.getLogger("tether.webhook")
 
@@ -75,7 +81,7 @@ class PushDelivery:
 
     async def _close(self, worker: ConsumerWorker) -> None:
         await worker.join()
-        await worker.client.aclose()
+        await worker.client.close()
 
     def wake(self, consumer: Consumer) -> None:
         worker = self.workers.get((consumer.channel, consumer.id))
@@ -103,14 +109,21 @@ class ConsumerWorker:
         self._task: asyncio.Task[None] | None = None
         self._flying: set[asyncio.Task[None]] = set()
         self._stopping = False
-        # One client per consumer, its pool as large as its concurrency: httpcore scans
-        # its whole pool on every request, so one big shared pool costs O(n) per request.
+        # One session per consumer, its pool as large as its concurrency: every delivery
+        # in flight keeps its own keep-alive connection.
         size = max(1, owner.settings.concurrency)
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(owner.settings.connection_timeout),
-            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-            follow_redirects=False,
+        self.client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=size, limit_per_host=size),
+            # webhook-broker's connection timeout bounds the whole request (Go's
+            # http.Client.Timeout), which keeps it inside the job's in-flight deadline.
+            timeout=aiohttp.ClientTimeout(total=owner.settings.connection_timeout),
+            skip_auto_headers=("User-Agent",),
         )
+        # HTTP(S)_PROXY / NO_PROXY apply, as with Go's default transport (see proxies).
+        self._proxies = ProxyChoice()
+        # X-Request-ID: unique, not secret; a random prefix and a counter cost no syscall.
+        self._request_prefix = secrets.token_hex(6)
+        self._requests = itertools.count()
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -188,12 +201,20 @@ class ConsumerWorker:
             "X-Broker-Consumer-ID": consumer.id,
             settings.token_header: service.registry.consumer_token(consumer),
             "User-Agent": settings.user_agent,
-            "X-Request-ID": secrets.token_hex(10),
+            "X-Request-ID": f"{self._request_prefix}{next(self._requests) & 0xFFFFFFFF:08x}",
             "X-Broker-Message-ID": view.message_id,
         }
         for name, value in view.metadata.items():
             headers[name] = value
         headers["X-Broker-Metadata-Headers"] = ",".join(sorted(view.metadata))
-        response = await self.client.post(consumer.callback, content=view.payload, headers=headers)
-        await response.aclose()
-        return 200 <= response.status_code <= 299
+        url = consumer.callback
+        async with self.client.post(
+            url,
+            data=view.payload,
+            headers=headers,
+            allow_redirects=False,
+            proxy=self._proxies.for_url(url),
+        ) as response:
+            # Read to the end, so the connection goes back to the pool for the next one.
+            await response.read()
+            return 200 <= response.status <= 299
