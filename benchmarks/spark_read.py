@@ -3,19 +3,21 @@
 Fills a stream with ``--messages`` messages of ``--size`` bytes (SDK ``publish_async``),
 then measures, each on the whole stream:
 
-* ``fetch only``: the executor read path (batched DIRECT.GET, or the consumer
-  fallback, into Arrow batches) run in this process without Spark: the ceiling the
-  server and client allow with one reader;
+* ``fetch only``: the executor read path (Tether's block reads, batched DIRECT.GET, or
+  the consumer fallback, into Arrow batches) run in this process without Spark: the
+  ceiling the server and client allow with one reader;
 * ``batch, Arrow``: ``spark.read.format("tether")`` with ``--partitions`` partitions,
   ``read()`` yielding Arrow record batches (what the connector does);
 * ``batch, tuples``: the same reads yielding one Python tuple per row (for comparison);
 * ``streaming``: ``readStream`` with ``maxOffsetsPerTrigger`` into the ``noop`` sink,
   ``availableNow`` trigger: end-to-end rows/s including micro-batch planning.
 
-Rows/s = messages / wall time of the Spark action (session start excluded).
+Rows/s = messages / wall time of the Spark action (session start excluded). Tether
+and nats-server (``-js``, file store) are measured in the same run, one after the
+other with the same Spark session, and a table with the ratios closes the output.
 
-    .venv/bin/python benchmarks/spark_read.py                     # 1M x 128 B on Tether
-    .venv/bin/python benchmarks/spark_read.py --messages 200000 --peer nats-server
+    .venv/bin/python benchmarks/spark_read.py                     # 1M x 128 B, both
+    .venv/bin/python benchmarks/spark_read.py --messages 200000 --peers tether
     .venv/bin/python benchmarks/spark_read.py --read-method consumer
 """
 
@@ -140,15 +142,35 @@ def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, floa
     return results
 
 
-def run_against(server_url: str, name: str, spark: Any, args: argparse.Namespace) -> None:
+def run_against(
+    server_url: str, name: str, spark: Any, args: argparse.Namespace
+) -> dict[str, float]:
+    results: dict[str, float] = {}
     pub = asyncio.run(fill(server_url, args.messages, args.size))
+    results["publish (SDK)"] = pub
     print(f"[{name}] published {args.messages:,} x {args.size} B at {pub:,.0f} msg/s")
-    for method in ("direct", "consumer"):
+    methods = ("bulk", "direct", "consumer") if name == "tether" else ("direct", "consumer")
+    for method in methods:
         rate = fetch_only(server_url, args.messages, method)
+        results[f"fetch only, {method}"] = rate
         print(f"[{name}] fetch only, {method:<8} {rate:>10,.0f} rows/s  (one reader, no Spark)")
     _runtime.close_all()
     for label, rate in spark_runs(spark, server_url, args).items():
+        results[label] = rate
         print(f"[{name}] {label:<14} {rate:>10,.0f} rows/s")
+    _runtime.close_all()
+    return results
+
+
+def report(results: dict[str, dict[str, float]]) -> None:
+    tether, peer = results.get("tether", {}), results.get("nats-server", {})
+    print(f"\n{'':<22}{'Tether':>12}{'nats-server':>14}{'ratio':>8}")
+    for label in dict.fromkeys([*tether, *peer]):
+        t, n = tether.get(label), peer.get(label)
+        ratio = f"{t / n:.2f}x" if t and n else ""
+        t_text = f"{t:,.0f}" if t else "-"
+        n_text = f"{n:,.0f}" if n else "-"
+        print(f"{label:<22}{t_text:>12}{n_text:>14}{ratio:>8}")
 
 
 def main() -> None:
@@ -158,8 +180,12 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--per-trigger", type=int, default=100_000)
     parser.add_argument("--store", default="memory", help="Tether store: memory or sqlite")
-    parser.add_argument("--peer", choices=("tether", "nats-server"), default="tether")
-    parser.add_argument("--read-method", choices=("auto", "direct", "consumer"), default="auto")
+    parser.add_argument(
+        "--peers", default="tether,nats-server", help="comma-separated: tether, nats-server"
+    )
+    parser.add_argument(
+        "--read-method", choices=("auto", "bulk", "direct", "consumer"), default="auto"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -175,14 +201,19 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(TupleSource)
-    start = (
-        start_tether(store=args.store)
-        if args.peer == "tether"
-        else start_nats_server(jetstream=True)
-    )
-    with start as server:
-        run_against(server.url, args.peer, spark, args)
+    results: dict[str, dict[str, float]] = {}
+    for name in args.peers.split(","):
+        if name not in ("tether", "nats-server"):
+            parser.error(f"unknown peer {name!r}")
+        start = (
+            start_tether(store=args.store)
+            if name == "tether"
+            else start_nats_server(jetstream=True)
+        )
+        with start as server:
+            results[name] = run_against(server.url, name, spark, args)
     spark.stop()
+    report(results)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The executor read path without Spark, against Tether and the real nats-server.
 
-``read_partition`` is what a Spark task runs; here it reads ranges directly, so both
-methods (batched DIRECT.GET and the consumer fallback) are checked against both
-servers with the same data: subject filters, range ends, headers, timestamps.
+``read_partition`` is what a Spark task runs; here it reads ranges directly, so every
+method (Tether's block reads, batched DIRECT.GET and the consumer fallback) is checked
+against both servers with the same data: subject filters, range ends, headers,
+timestamps. Block reads exist on Tether only; on nats-server they are a clear error.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pyspark.sql.datasource import CaseInsensitiveDict
 
 from tether.spark import _runtime
 from tether.spark._fetch import RangePartition, read_partition
-from tether.spark.options import read_options
+from tether.spark.options import TetherSparkError, read_options
 from tether.testing import RunningServer, run_nats_server
 
 pytestmark = pytest.mark.spark
@@ -41,6 +42,13 @@ def url(request: pytest.FixtureRequest, tools: Any) -> Iterator[str]:
     _runtime.close_all()
 
 
+@pytest.fixture(params=["bulk", "direct", "consumer"])
+def method(request: pytest.FixtureRequest, url: str) -> str:
+    if request.param == "bulk" and request.node.callspec.params.get("url") == "nats-server":
+        pytest.skip("block reads are a Tether extension")
+    return str(request.param)
+
+
 def read(url: str, start: int, end: int, method: str, subjects: tuple[str, ...] = ()) -> Any:
     import pyarrow as pa
 
@@ -50,7 +58,6 @@ def read(url: str, start: int, end: int, method: str, subjects: tuple[str, ...] 
     return pa.Table.from_batches(batches) if batches else None
 
 
-@pytest.mark.parametrize("method", ["direct", "consumer"])
 def test_range_contents(url: str, method: str) -> None:
     table = read(url, 5, 25, method)
     assert table.column("seq").to_pylist() == list(range(5, 25))
@@ -68,7 +75,6 @@ def test_range_contents(url: str, method: str) -> None:
     assert stamps == sorted(stamps)
 
 
-@pytest.mark.parametrize("method", ["direct", "consumer"])
 @pytest.mark.parametrize(
     ("subjects", "expected"),
     [
@@ -85,8 +91,27 @@ def test_subject_filters(
     assert (table.column("seq").to_pylist() if table is not None else []) == expected
 
 
-@pytest.mark.parametrize("method", ["direct", "consumer"])
 def test_range_past_the_end_and_empty_ranges(url: str, method: str) -> None:
     assert read(url, 55, 500, method).column("seq").to_pylist() == list(range(55, 61))
     assert read(url, 100, 200, method) is None
     assert read(url, 7, 7, method) is None
+
+
+def test_block_reads_on_nats_server_are_a_clear_error(
+    url: str, request: pytest.FixtureRequest
+) -> None:
+    if request.node.callspec.params.get("url") != "nats-server":
+        pytest.skip("checks the peer's answer")
+    with pytest.raises(TetherSparkError, match=r"not Tether.*readMethod"):
+        read(url, 1, 10, "bulk")
+
+
+def test_small_blocks_and_windows_cover_the_range_once(url: str, method: str) -> None:
+    """Windows of 4 sequences and 1 KiB requests: many requests and continuations."""
+    import pyarrow as pa
+
+    opts = read_options(CaseInsensitiveDict({"servers": url, "stream": "F"}), streaming=False)
+    part = RangePartition(opts.conn, "F", 1, 61, (), False, method, 4, 1024)
+    table = pa.Table.from_batches(list(read_partition(part)))
+    assert table.column("seq").to_pylist() == list(range(1, 61))
+    assert table.column("value").to_pylist() == [m[1] for m in MESSAGES]

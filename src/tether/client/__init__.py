@@ -18,6 +18,7 @@ See ``docs/client.md`` for the pull algorithm, the worker and catch-up subscript
 """
 
 from tether.client.backoff import Backoff
+from tether.client.bulk_read import NotSupported
 from tether.client.catchup import CatchUpSubscription
 from tether.client.connection import Connection, connect
 from tether.client.consume import MessageStream
@@ -77,6 +78,7 @@ from tether.client.publish import PubAckFuture
 from tether.client.pull import PullSubscription
 from tether.client.subscription import Subscription
 from tether.client.worker import Retry, ThreadMsg, Worker
+from tether.protocol.block import MessageBlock
 
 __all__ = [
     "AckPolicy",
@@ -101,6 +103,7 @@ __all__ = [
     "JetStreamError",
     "JsMsg",
     "MaxPayloadExceeded",
+    "MessageBlock",
     "MessageStream",
     "Msg",
     "MsgAlreadyAcked",
@@ -111,6 +114,7 @@ __all__ = [
     "NoStreamResponse",
     "NotFound",
     "NotJetStreamMessage",
+    "NotSupported",
     "Options",
     "OutboundBufferFull",
     "PermissionsViolation",

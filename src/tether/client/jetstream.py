@@ -8,14 +8,16 @@ slot, otherwise it fails fast with :class:`PublishStalled`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from tether.client.bulk_read import read_blocks
 from tether.client.errors import ApiError, NoResponders, ServiceUnavailable
 from tether.client.models import ConsumerConfig, ConsumerInfo, StreamConfig, StreamInfo
 from tether.client.publish import Publisher
+from tether.protocol.block import MessageBlock
 
 if TYPE_CHECKING:
     from tether.client.connection import Connection
@@ -67,6 +69,57 @@ class JetStream(Publisher):
         if isinstance(resp, dict) and isinstance(resp.get("error"), dict):
             raise ApiError.from_response(resp["error"])
         return resp
+
+    def read_blocks(
+        self,
+        stream: str,
+        start: int = 1,
+        end: int | None = None,
+        *,
+        subjects: Sequence[str] = (),
+        headers: bool = True,
+        window: int = 50_000,
+        ahead: int = 2,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> AsyncIterator[MessageBlock]:
+        """Sequences ``[start, end)`` of ``stream`` as column blocks, in order (Tether only).
+
+        ``end=None`` reads to the last sequence the stream holds when the read starts.
+        ``subjects`` keeps only matching messages; ``headers=False`` leaves stored headers
+        out. Raises :class:`NotSupported` against nats-server. See docs/client.md.
+        """
+        if end is not None:
+            return read_blocks(
+                self.conn,
+                stream,
+                start,
+                end,
+                subjects=subjects,
+                headers=headers,
+                window=window,
+                ahead=ahead,
+                max_bytes=max_bytes,
+                timeout=self.timeout,
+            )
+
+        async def to_the_end() -> AsyncIterator[MessageBlock]:
+            info = await self.stream_info(stream)
+            blocks = read_blocks(
+                self.conn,
+                stream,
+                start,
+                max(start, info.state.last_seq + 1),
+                subjects=subjects,
+                headers=headers,
+                window=window,
+                ahead=ahead,
+                max_bytes=max_bytes,
+                timeout=self.timeout,
+            )
+            async for block in blocks:
+                yield block
+
+        return to_the_end()
 
     async def account_info(self) -> dict[str, Any]:
         """Usage and limits of this account."""

@@ -471,6 +471,18 @@ class Broker:
             msgs = await self.store.read_many(stream.name, seqs)
         return msgs
 
+    async def read_range(
+        self, stream: Stream, start_seq: int, limit: int, max_bytes: int
+    ) -> list[StoredMessage]:
+        """Up to ``limit`` live messages from ``start_seq`` on, in order, once durable.
+
+        Messages still in a commit are not in the store yet: wait for it rather than
+        return a range with holes that are not deletions.
+        """
+        if self._ticks and stream.last_seq >= start_seq:
+            await self._settled()
+        return await self.store.read_range(stream.name, start_seq, limit, max_bytes)
+
     # -- max_age ------------------------------------------------------------------------------------
     def _expire(self, stream: Stream) -> None:
         gone = stream.expired(self.clock.now())

@@ -20,6 +20,7 @@ from tether.server.http.listener import HttpListener
 from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.jetstream import JetStreamApi
 from tether.server.nats.server import NatsServer
+from tether.server.nats.stream_read import StreamReadApi
 from tether.storage import Store, open_store
 
 log = logging.getLogger("tether")
@@ -39,6 +40,7 @@ class Tether:
         self.jetstream: JetStreamApi | None = None
         self.consumers: ConsumerRegistry | None = None
         self.consumer_api: ConsumerApi | None = None
+        self.stream_read: StreamReadApi | None = None
         self.webhooks: WebhookService | None = None
         self.webhook_front: webhook_api.WebhookFront | None = None
         self._stopped = asyncio.Event()
@@ -55,6 +57,8 @@ class Tether:
         await self.consumers.load()
         self.jetstream.start()
         self.consumer_api.start()
+        self.stream_read = StreamReadApi(self.nats.router, self.broker)
+        self.stream_read.start()
         self.nats.jetstream = True
         await self.nats.start()
         clock = self.broker.clock
@@ -96,6 +100,8 @@ class Tether:
             await self.jetstream.stop()
         if self.consumer_api is not None:
             await self.consumer_api.stop()
+        if self.stream_read is not None:
+            await self.stream_read.stop()
         if self.consumers is not None:
             await self.consumers.close()
         if self.broker is not None:

@@ -1,7 +1,10 @@
 """Executor side of a read: one sequence range of a stream into Arrow record batches.
 
-Two ways to read a range, chosen on the driver from the stream's configuration:
+Three ways to read a range, chosen on the driver from the server and the stream:
 
+* ``bulk`` (the server is Tether): ``JetStream.read_blocks`` — the server sends the
+  range as message blocks whose columns are Arrow's layout, so a record batch wraps
+  them without per-message work in Python (see ``tether.protocol.block``).
 * ``direct`` (streams with ``allow_direct``): batched ``DIRECT.GET`` requests
   ``{"seq", "batch", "max_bytes"[, "next_by_subj"]}``. The server answers with up to
   ``batch`` messages (headers ``Nats-Sequence``, ``Nats-Subject``, ``Nats-Time-Stamp``,
@@ -10,7 +13,7 @@ Two ways to read a range, chosen on the driver from the stream's configuration:
 * ``consumer`` (fallback): an ephemeral pull consumer (``ack_policy: none``) positioned
   at the range start, deleted when the range is done.
 
-Both are requested one batch ahead: while Spark converts and ships batch *k*, the
+All are requested one batch ahead: while Spark converts and ships batch *k*, the
 loop thread already receives batch *k+1*.
 """
 
@@ -22,8 +25,9 @@ import concurrent.futures
 import contextlib
 import itertools
 import json
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +38,9 @@ from tether.client import (
     ClientError,
     ConsumerConfig,
     DeliverPolicy,
+    MessageBlock,
     Msg,
+    NotSupported,
     PullSubscription,
     Subscription,
 )
@@ -42,6 +48,7 @@ from tether.spark import _runtime
 from tether.spark.options import ConnectionSpec, TetherSparkError
 from tether.spark.schema import arrow_schema
 
+_LITTLE = sys.byteorder == "little"
 _DIRECT_KEYS = frozenset(
     (
         b"Nats-Stream",
@@ -384,9 +391,110 @@ class _ConsumerReader:
         self.sub = None
 
 
+def block_to_batch(block: MessageBlock, stream: str, include_headers: bool) -> Any:
+    """An Arrow record batch over a message block's columns.
+
+    The block's columns are already Arrow's layout (little-endian int64 values, int32
+    offsets + bytes), so the arrays wrap them without copying; only the timestamps
+    are converted (Spark keeps microseconds) and headers, when asked for, are parsed.
+    """
+    import pyarrow as pa
+
+    schema = arrow_schema(include_headers)
+    ts_type = schema.field("timestamp").type
+    n = block.count
+    if _LITTLE:
+        seqs = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(block.seqs)])
+        stamps = pa.Array.from_buffers(
+            pa.timestamp("ns", tz="UTC"), n, [None, pa.py_buffer(block.stamps)]
+        )
+    else:  # the wire is little-endian; let Arrow build native arrays
+        seqs = pa.array(block.seq_list(), pa.int64())
+        stamps = pa.array(block.stamp_list(), pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+    subjects = pa.Array.from_buffers(
+        pa.string(),
+        n,
+        [None, pa.py_buffer(block.subject_offsets), pa.py_buffer(block.subjects)],
+    )
+    values = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(block.data_offsets), pa.py_buffer(block.data)]
+    )
+    if not _LITTLE:
+        subjects = pa.array(block.subject_list(), pa.string())
+        values = pa.array(block.data_list(), pa.binary())
+    columns = [
+        pa.repeat(pa.scalar(stream, pa.string()), n),
+        subjects,
+        seqs,
+        values,
+        stamps.cast(ts_type, safe=False),  # truncate to microseconds
+    ]
+    if include_headers:
+        parsed = [_user_headers(h, direct=False) if h else [] for h in block.header_list()]
+        columns.append(pa.array(parsed, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _read_blocks(p: RangePartition) -> Iterator[Any]:
+    """The range through Tether's block reads, one record batch per block."""
+
+    async def open_blocks() -> AsyncIterator[MessageBlock]:
+        js = await _runtime.jetstream(p.conn)
+        return js.read_blocks(
+            p.stream,
+            p.start,
+            p.end,
+            subjects=p.subjects,
+            headers=p.include_headers,
+            window=max(1, p.batch_size),
+            max_bytes=max(1024, p.max_bytes),
+        )
+
+    async def next_block(blocks: AsyncIterator[MessageBlock]) -> MessageBlock | None:
+        try:
+            return await anext(blocks)
+        except StopAsyncIteration:
+            return None
+        except NotSupported as exc:
+            raise TetherSparkError(f"{exc} (option 'readMethod')") from None
+        except ClientError as exc:
+            raise TetherSparkError(f"reading stream {p.stream!r} failed: {exc}") from None
+
+    blocks = _runtime.run(open_blocks())
+    pending: concurrent.futures.Future[MessageBlock | None] | None = _runtime.submit(
+        next_block(blocks)
+    )
+    try:
+        while pending is not None:
+            block = pending.result()
+            if block is None:
+                pending = None
+                break
+            # Ask for the next block before handing this one to Spark.
+            pending = _runtime.submit(next_block(blocks))
+            if block.count:
+                yield block_to_batch(block, p.stream, p.include_headers)
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                pending.result(timeout=p.conn.timeout)
+        with contextlib.suppress(Exception):
+            _runtime.run(_close_blocks(blocks))
+
+
+async def _close_blocks(blocks: AsyncIterator[MessageBlock]) -> None:
+    aclose = getattr(blocks, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 def read_partition(p: RangePartition) -> Iterator[Any]:
     """Yield the range's messages as Arrow record batches (runs in a Spark task)."""
     if p.start >= p.end:
+        return
+    if p.method == "bulk":
+        yield from _read_blocks(p)
         return
     reader: _DirectReader | _ConsumerReader = (
         _DirectReader(p) if p.method == "direct" else _ConsumerReader(p)

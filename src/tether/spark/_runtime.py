@@ -100,6 +100,12 @@ async def connection(spec: ConnectionSpec) -> Connection:
         return conn
 
 
+async def server_is_tether(spec: ConnectionSpec) -> bool:
+    """Whether the server behind ``spec`` is Tether (it names itself in INFO's ``go``)."""
+    conn = await connection(spec)
+    return str(conn.server_info.get("go", "")).startswith("tether/")
+
+
 async def jetstream(spec: ConnectionSpec) -> JetStream:
     """A JetStream context on the pooled connection."""
     conn = await connection(spec)

@@ -18,7 +18,8 @@ from tether.spark.options import EARLIEST, LATEST, ReadOptions, TetherSparkError
 
 
 class TetherBatchReader(DataSourceReader):
-    """Plans sequence ranges on the driver; executors read them with batched DIRECT.GET."""
+    """Plans sequence ranges on the driver; executors read them (block reads on Tether,
+    batched DIRECT.GET or a consumer elsewhere)."""
 
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
@@ -29,7 +30,7 @@ class TetherBatchReader(DataSourceReader):
     async def _plan(self) -> list[RangePartition]:
         opts = self.opts
         info = await _runtime.stream_info(opts.conn, opts.stream)
-        method = planning.read_method(opts, info)
+        method = await planning.read_method(opts, info)
         state = info.state
         if opts.starting_timestamp is not None:
             start = await planning.sequence_at(opts, opts.starting_timestamp, info)

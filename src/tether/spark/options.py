@@ -287,7 +287,7 @@ class ReadOptions:
     include_headers: bool
     min_partitions: int
     max_records_per_partition: int
-    read_method: str  # auto | direct | consumer
+    read_method: str  # auto | bulk | direct | consumer
     fetch_batch_size: int
     fetch_max_bytes: int
     fail_on_data_loss: bool = True
@@ -324,9 +324,9 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
                 f"option 'endingOffsets' ({end}) is before 'startingOffsets' ({start})"
             )
     method = (_get(options, "readMethod") or "auto").lower()
-    if method not in ("auto", "direct", "consumer"):
+    if method not in ("auto", "bulk", "direct", "consumer"):
         raise TetherSparkError(
-            f"option 'readMethod' must be auto, direct or consumer, got {method!r}"
+            f"option 'readMethod' must be auto, bulk, direct or consumer, got {method!r}"
         )
     max_rows = _optional_int(options, "maxOffsetsPerTrigger", 1)
     min_rows = _optional_int(options, "minOffsetsPerTrigger", 1)

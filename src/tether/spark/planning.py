@@ -15,16 +15,26 @@ from tether.spark._fetch import RangePartition, split_range
 from tether.spark.options import ReadOptions, TetherSparkError
 
 
-def read_method(opts: ReadOptions, info: StreamInfo) -> str:
-    """``direct`` when the stream serves DIRECT.GET, else the consumer fallback."""
+async def read_method(opts: ReadOptions, info: StreamInfo) -> str:
+    """How executors read: ``bulk`` (Tether's block reads) when the server is Tether,
+    else ``direct`` when the stream serves DIRECT.GET, else the consumer fallback."""
     allowed = bool(info.config.allow_direct)
-    if opts.read_method == "direct" and not allowed:
+    wanted = opts.read_method
+    if wanted == "direct" and not allowed:
         raise TetherSparkError(
             f"option 'readMethod' is 'direct' but stream {opts.stream!r} has allow_direct off; "
             "enable allow_direct on the stream or use readMethod 'auto' or 'consumer'"
         )
-    if opts.read_method == "consumer":
-        return "consumer"
+    if wanted in ("direct", "consumer"):
+        return wanted
+    tether = await _runtime.server_is_tether(opts.conn)
+    if wanted == "bulk" and not tether:
+        raise TetherSparkError(
+            f"option 'readMethod' is 'bulk' but {opts.conn.describe()} is not a Tether server; "
+            "use readMethod 'auto', 'direct' or 'consumer'"
+        )
+    if tether:
+        return "bulk"
     return "direct" if allowed else "consumer"
 
 

@@ -161,7 +161,8 @@ class TetherStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if first != EARLIEST and stream_first > lo and self.opts.fail_on_data_loss:
             # Retention removed part of a batch being (re)planned.
             self._data_loss(lo, min(stream_first, last))
-        return planning.partitions(self.opts, planning.read_method(self.opts, info), lo, last)
+        method = _runtime.run(planning.read_method(self.opts, info))
+        return planning.partitions(self.opts, method, lo, last)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, RangePartition):
