@@ -3,6 +3,7 @@ dedup across restarts and what a failed commit leaves behind. Time is a FakeCloc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -10,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
 from tether.engine.errors import ApiError
+from tether.engine.stream import Stream
 from tether.storage.base import StorageError, Store
 from tether.storage.group_commit import Batch
 from tether.storage.memory import MemoryStore
@@ -294,3 +298,116 @@ async def test_numbering_moved_forward_by_a_purge_survives_a_restart(tmp_path: P
         finally:
             broker.close()
             await store.close()
+
+
+# -- a run of publishes (publish_many) is the same as publishing one by one ---------------
+
+
+class RecordingSink:
+    """A PubAckSink and broker listener writing down, in order, everything it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def pub_acked(self, stream: str, first_seq: int, replies: list[str], duplicate: bool) -> None:
+        for i, reply in enumerate(replies):
+            if reply:
+                self.events.append(("ack", stream, first_seq + (0 if duplicate else i), reply))
+
+    def pub_failed(self, stream: str, replies: list[str], error: ApiError) -> None:
+        for reply in replies:
+            if reply:
+                self.events.append(("failed", stream, reply, error.to_dict()))
+
+    def on_stream_changed(self, stream: Stream) -> None:
+        pass
+
+    def on_stream_deleted(self, stream: Stream) -> None:
+        pass
+
+    def on_messages_committed(self, stream: Stream, seqs: list[int]) -> None:
+        self.events.append(("committed", stream.name, tuple(seqs)))
+
+    def on_messages_removed(self, stream: Stream, seqs: list[int]) -> None:
+        self.events.append(("removed", stream.name, tuple(seqs)))
+
+
+limit_configs = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_msgs": st.integers(1, 6),
+        "max_bytes": st.integers(40, 400),
+        "max_msgs_per_subject": st.integers(1, 3),
+        "max_msg_size": st.integers(0, 40),
+        "discard": st.sampled_from(["old", "new"]),
+        "discard_new_per_subject": st.booleans(),
+        "no_ack": st.booleans(),
+    },
+)
+# A run: (subject, [(payload length, with a reply)]); a tick: runs, and whether its
+# commit fails (a full disk); then whether the stream is sealed before the next tick.
+runs = st.tuples(
+    st.sampled_from(["s.a", "s.b"]),
+    st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=1, max_size=8),
+)
+ticks = st.lists(
+    st.tuples(st.lists(runs, min_size=1, max_size=3), st.booleans(), st.booleans()),
+    min_size=1,
+    max_size=4,
+)
+
+
+async def _publish_ticks(
+    config: dict[str, Any], plan: list[Any], as_runs: bool
+) -> tuple[list[tuple[Any, ...]], list[Any], dict[str, Any]]:
+    store = FlakyStore()
+    await store.open()
+    broker = Broker(store, FakeClock())
+    await broker.load()
+    sink = RecordingSink()
+    broker.listeners.append(sink)
+    if config.get("discard") != "new" or "max_msgs_per_subject" not in config:
+        config = {k: v for k, v in config.items() if k != "discard_new_per_subject"}
+    await broker.create_stream("S", body(name="S", subjects=["s.*"], **config))
+    stream = broker.get_stream("S")
+    n = 0
+    for tick_runs, fails, seal_after in plan:
+        store.full = fails
+        for subject, msgs in tick_runs:
+            payloads, replies = [], []
+            for size, with_reply in msgs:
+                n += 1
+                payloads.append(b"%d" % n * size)
+                replies.append(f"_INBOX.{n}" if with_reply else "")
+            if as_runs:
+                sink_or_none = None if stream.config.no_ack else sink
+                broker.publish_many(stream, subject, payloads, replies, sink_or_none)
+            else:  # what the front door does for each message
+                for payload, reply in zip(payloads, replies, strict=True):
+                    if not reply or stream.config.no_ack:
+                        broker.publish(stream, subject, None, payload, None)
+                    else:
+                        broker.publish_reply(stream, subject, None, payload, sink, reply)
+        with contextlib.suppress(StorageError):
+            await store.flush()
+        store.full = False
+        if seal_after and not stream.config.sealed:
+            await broker.update_stream("S", body(name="S", subjects=["s.*"], sealed=True, **config))
+    stored = [(m.seq, m.subject, m.data, m.ts) for m in await store.read_range("S", 1, 1000)]
+    state = {
+        "seqs": list(stream.seqs(0)),
+        "metas": [stream.meta(seq) for seq in stream.seqs(0)],
+        "info": stream.info_state(),
+        "subjects": stream.subjects_state(">"),
+    }
+    broker.close()
+    await store.close()
+    return sink.events, stored, state
+
+
+@settings(max_examples=200, deadline=None)
+@given(limit_configs, ticks)
+def test_publish_many_is_publish_one_by_one(config: dict[str, Any], plan: list[Any]) -> None:
+    one_by_one = asyncio.run(_publish_ticks(config, plan, as_runs=False))
+    as_runs = asyncio.run(_publish_ticks(config, plan, as_runs=True))
+    assert as_runs == one_by_one

@@ -315,6 +315,8 @@ def test_index_against_brute_force(operations: list[Op], cache_size: int) -> Non
         assert _normalise(got) == _expected(entries, subject), subject
         if not got:
             assert got is EMPTY_MATCH
+        # The per-prefix result (reply inboxes) is the very same match, in order too.
+        assert index.match_family(subject) == got, subject
 
     for kind, text, number, queue in operations:
         if kind == "match":
@@ -520,3 +522,19 @@ def test_match_once_agrees_with_match_and_does_not_fill_the_cache() -> None:
     assert index.match_once("orders.new").plain == ("orders",)
     assert "_INBOX.abc.17" not in index._cache
     assert index.match("_INBOX.abc.17") == once
+
+
+def test_match_family_is_shared_per_prefix_except_for_literal_children() -> None:
+    index: SubjectIndex[str] = SubjectIndex()
+    index.add("_INBOX.abc.*", "inbox")
+    index.add("_INBOX.abc.7", "seven")
+    family = index.match_family("_INBOX.abc.1")
+    assert family.plain == ("inbox",)
+    assert index.match_family("_INBOX.abc.2") is family  # computed once for the prefix
+    assert sorted(index.match_family("_INBOX.abc.7").plain) == ["inbox", "seven"]
+    assert index.match_family("_INBOX.xyz.1") is EMPTY_MATCH
+    assert index.match_family("_INBOX") is EMPTY_MATCH  # no prefix at all
+    index.remove("_INBOX.abc.*", "inbox")  # any change forgets every prefix
+    assert index.match_family("_INBOX.abc.1") is EMPTY_MATCH
+    assert index.match_family("_INBOX.abc.7").plain == ("seven",)
+    assert "_INBOX.abc.1" not in index._cache  # like match_once: the cache stays clean

@@ -66,16 +66,39 @@ class PubAck:
 AckCallback = Callable[[PubAck | errors.ApiError], None]
 
 
+class PubAckSink(Protocol):
+    """Who answers publishers that gave a reply subject (the NATS front door).
+
+    The broker hands over a whole run of publishes at once: ``replies[i]`` (possibly
+    empty: nobody to answer) was stored at ``first_seq + i``. Handing over runs rather
+    than one callback per message keeps the publish path free of per-message closures
+    and lets the sink format and route every PubAck of a commit in one go.
+    """
+
+    def pub_acked(self, stream: str, first_seq: int, replies: list[str], duplicate: bool) -> None:
+        """The run is durable (or, with ``duplicate``, its original is)."""
+
+    def pub_failed(self, stream: str, replies: list[str], error: errors.ApiError) -> None:
+        """The publishes were refused, or the commit holding them failed."""
+
+
+# A publisher waiting for a commit: (callback, stream, seq, None, duplicate) for one
+# publish with a callback, or (sink, stream, first seq, replies, duplicate) for a run.
+_Waiter = tuple[Any, str, int, list[str] | None, bool]
+
+
 class _Tick:
     """What one group commit carries besides the writes: who to tell when it lands."""
 
     __slots__ = ("appended", "first_seq", "waiters")
 
     def __init__(self) -> None:
-        self.appended: list[tuple[Stream, int, str]] = []
-        # (callback, stream name, seq, duplicate): the PubAck is built only when the
-        # commit lands, so a publish allocates no closure of its own.
-        self.waiters: list[tuple[AckCallback, str, int, bool]] = []
+        # (stream, first seq, last seq, msg id): a run of appends, newest last; a msg id
+        # only on single publishes (a run carries no headers, hence no Nats-Msg-Id).
+        self.appended: list[tuple[Stream, int, int, str]] = []
+        # The PubAcks are built only when the commit lands, so a publish allocates no
+        # closure of its own.
+        self.waiters: list[_Waiter] = []
         # The first sequence this commit holds, per stream (commits are in seq order).
         self.first_seq: dict[str, int] = {}
 
@@ -280,6 +303,96 @@ class Broker:
         or the error (an immediate rejection, or the commit failing). A duplicate
         (``Nats-Msg-Id`` inside the window) is acknowledged with the original seq.
         """
+        self._publish_one(stream, subject, headers, payload, on_durable, None)
+
+    def publish_reply(
+        self,
+        stream: Stream,
+        subject: str,
+        headers: bytes | None,
+        payload: bytes,
+        sink: PubAckSink,
+        reply: str,
+    ) -> None:
+        """:meth:`publish`, answered through ``sink`` for ``reply`` instead of a callback."""
+        self._publish_one(stream, subject, headers, payload, sink, [reply])
+
+    def publish_many(
+        self,
+        stream: Stream,
+        subject: str,
+        payloads: list[bytes],
+        replies: list[str],
+        sink: PubAckSink | None,
+    ) -> None:
+        """Store a run of messages without headers to one subject, in order.
+
+        The outcome is that of :meth:`publish_reply` called for each message in turn
+        (same sequences, refusals, evictions and PubAcks); only the work is shared:
+        one clock read, one group-commit lookup and one waiter for the whole run.
+        ``replies[i]`` answers ``payloads[i]`` ("" when nobody asked); ``sink`` None
+        means nobody is answered (a ``no_ack`` stream).
+        """
+        cfg = stream.config
+        name = stream.name
+        if cfg.sealed:
+            if sink is not None:
+                asked = [reply for reply in replies if reply]
+                if asked:
+                    sink.pub_failed(name, asked, errors.stream_sealed())
+            return
+        now = self.clock.now()
+        limit = cfg.max_msg_size
+        discard_new = cfg.discard == "new"
+        overhead = len(subject) + 16
+        append = stream.append
+        store_append = self.store.append
+        accepted: list[str] = []
+        first = 0
+        seq = 0
+        fut: asyncio.Future[None] | None = None
+        for payload, reply in zip(payloads, replies, strict=True):
+            plen = len(payload)
+            size = overhead + plen
+            # The checks of :meth:`_publish_one` that apply without headers, in its order.
+            if (limit >= 0 and plen > limit) or discard_new:
+                try:
+                    stream.check_size(0, plen)
+                    stream.check_limits_for_new(subject, size, False)
+                except errors.ApiError as exc:
+                    if reply and sink is not None:
+                        sink.pub_failed(name, [reply], exc)
+                    continue
+            seq = stream.last_seq + 1
+            if not first:
+                first = seq
+            removed = append(MessageMeta(seq, subject, size, now, 0), "")
+            fut = store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
+            if removed:
+                self._delete_seqs(stream, removed)
+            accepted.append(reply)
+        if fut is None:
+            return
+        tick = self._tick_for(fut)
+        tick.appended.append((stream, first, seq, ""))
+        if name not in tick.first_seq:
+            tick.first_seq[name] = first
+        if sink is not None:
+            tick.waiters.append((sink, name, first, accepted, False))
+        if cfg.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+
+    def _publish_one(
+        self,
+        stream: Stream,
+        subject: str,
+        headers: bytes | None,
+        payload: bytes,
+        target: Any,
+        replies: list[str] | None,
+    ) -> None:
+        """One publish, answered through ``target``: a callback (or None) when
+        ``replies`` is None, else a :class:`PubAckSink` for ``replies`` (one reply)."""
         cfg = stream.config
         now = self.clock.now()
         hdrs = headers or b""
@@ -306,8 +419,8 @@ class Broker:
                     msg_id = raw_id.decode()
                     dup = stream.duplicate_of(msg_id, now)
                     if dup:
-                        if on_durable is not None:
-                            self._ack_duplicate(stream, dup, on_durable)
+                        if target is not None:
+                            self._ack_duplicate(stream, dup, target, replies)
                         return
                 raw_last_id = fields.get(EXPECTED_LAST_MSG_ID)
                 if raw_last_id:
@@ -329,8 +442,11 @@ class Broker:
             size = len(subject) + len(hdrs) + len(payload) + 16
             stream.check_limits_for_new(subject, size, bool(rollup))
         except errors.ApiError as exc:
-            if on_durable is not None:
-                on_durable(exc)
+            if target is not None:
+                if replies is None:
+                    target(exc)
+                else:
+                    target.pub_failed(stream.name, replies, exc)
             return
         removed = stream.rollup(subject, rollup) if rollup else []
         seq = stream.last_seq + 1
@@ -340,24 +456,27 @@ class Broker:
         if removed:
             self._delete_seqs(stream, removed)
         tick = self._tick_for(fut)
-        tick.appended.append((stream, seq, msg_id))
+        tick.appended.append((stream, seq, seq, msg_id))
         if stream.name not in tick.first_seq:
             tick.first_seq[stream.name] = seq
-        if on_durable is not None:
-            tick.waiters.append((on_durable, stream.name, seq, False))
+        if target is not None:
+            tick.waiters.append((target, stream.name, seq, replies, False))
         if cfg.max_age and not self._expiry_timer:
             self._schedule_expiry()
 
     def _ack_duplicate(
-        self, stream: Stream, seq: int, on_durable: Callable[[PubAck | errors.ApiError], None]
+        self, stream: Stream, seq: int, target: Any, replies: list[str] | None
     ) -> None:
         """Acknowledge a duplicate, but not before the original's commit is durable."""
         for tick in reversed(self._ticks.values()):
             first = tick.first_seq.get(stream.name)
             if first is not None and first <= seq:
-                tick.waiters.append((on_durable, stream.name, seq, True))
+                tick.waiters.append((target, stream.name, seq, replies, True))
                 return
-        on_durable(PubAck(stream.name, seq, True))
+        if replies is None:
+            target(PubAck(stream.name, seq, True))
+        else:
+            target.pub_acked(stream.name, seq, replies, True)
 
     def _tick_for(self, fut: asyncio.Future[None]) -> _Tick:
         # Every write of a loop tick returns the same future: remember the last one so
@@ -382,28 +501,37 @@ class Broker:
         if exc is not None:
             log.error("group commit failed: %s", exc)
             # Nothing of this commit is stored: forget its messages (and their msg ids,
-            # so a retry is stored rather than reported as a duplicate).
-            for stream, seq, msg_id in reversed(tick.appended):
-                stream.forget(seq, msg_id)
+            # so a retry is stored rather than reported as a duplicate), newest first.
+            for stream, first, last, msg_id in reversed(tick.appended):
+                for seq in range(last, first - 1, -1):
+                    stream.forget(seq, msg_id)
         else:
             by_stream: dict[str, tuple[Stream, list[int]]] = {}
-            for stream, seq, _ in tick.appended:
+            for stream, first, last, _ in tick.appended:
                 entry = by_stream.get(stream.name)
                 if entry is None:
-                    by_stream[stream.name] = (stream, [seq])
+                    entry = by_stream[stream.name] = (stream, [])
+                if first == last:
+                    entry[1].append(first)
                 else:
-                    entry[1].append(seq)
+                    entry[1].extend(range(first, last + 1))
             for stream, seqs in by_stream.values():
                 if self.streams.get(stream.name) is stream:
                     for listener in self.listeners:
                         listener.on_messages_committed(stream, seqs)
         if exc is None:
-            for callback, name, seq, duplicate in tick.waiters:
-                callback(PubAck(name, seq, duplicate))
+            for target, name, seq, replies, duplicate in tick.waiters:
+                if replies is None:
+                    target(PubAck(name, seq, duplicate))
+                else:
+                    target.pub_acked(name, seq, replies, duplicate)
         else:
             failed = _storage_failed(exc)
-            for callback, _, _, _ in tick.waiters:
-                callback(failed)
+            for target, name, _, replies, _ in tick.waiters:
+                if replies is None:
+                    target(failed)
+                else:
+                    target.pub_failed(name, replies, failed)
 
     # -- reads ------------------------------------------------------------------------------------
     async def read(self, stream: Stream, seq: int) -> StoredMessage | None:

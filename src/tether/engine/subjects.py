@@ -243,7 +243,7 @@ class SubjectIndex(Generic[T]):
     Not thread-safe; meant to be driven from one event loop.
     """
 
-    __slots__ = ("_cache", "_count", "_root")
+    __slots__ = ("_beneath", "_cache", "_count", "_families", "_root")
 
     def __init__(self, cache_size: int = 8192) -> None:
         """Create an empty index whose match cache holds at most ``cache_size`` subjects.
@@ -253,6 +253,12 @@ class SubjectIndex(Generic[T]):
         self._root: _Node[T] = _Node()
         self._count = 0
         self._cache: _MatchCache[T] = _MatchCache(self, cache_size)
+        # See match_family: prefix -> (the match of ``prefix.<token>``, the tokens
+        # that are exceptions). Emptied on every change of the index.
+        self._families: dict[str, tuple[Match[T], frozenset[str]]] = {}
+        # See match_beneath: stem -> the match shared by every subject beneath it, or
+        # None when entries beneath it tell those subjects apart. Emptied on every change.
+        self._beneath: dict[str, Match[T] | None] = {}
 
     def __len__(self) -> int:
         """The number of entries."""
@@ -367,8 +373,97 @@ class SubjectIndex(Generic[T]):
         cached = self._cache.get(subject)
         return cached if cached is not None else self._compute(subject)
 
+    def match_family(self, subject: str) -> Match[T]:
+        """Like :meth:`match_once`, for subjects that differ only in their last token.
+
+        Reply inboxes (``_INBOX.<id>.<n>``) are each used once, but their subscribers
+        are almost always found the same way for every ``<n>``: through wildcards at
+        the last token. The match of ``<prefix>.<token>`` is therefore computed once per
+        prefix and reused for every token that is not a literal child at that depth
+        (those are the exceptions, matched on their own). ``subject`` is assumed to be
+        a valid literal subject.
+        """
+        prefix, dot, last = subject.rpartition(".")
+        if not dot:
+            return self.match_once(subject)
+        family = self._families.get(prefix)
+        if family is None:
+            if len(self._families) >= 1024:
+                self._families.clear()
+            family = self._families[prefix] = self._compute_family(prefix)
+        if last in family[1]:
+            return self.match_once(subject)
+        return family[0]
+
+    def _compute_family(self, prefix: str) -> tuple[Match[T], frozenset[str]]:
+        """:meth:`_compute` of ``prefix.<token>`` for a token no literal child is named."""
+        hits: list[_Node[T]] = []
+        level = [self._root]
+        for token in prefix.split("."):
+            nxt: list[_Node[T]] = []
+            for node in level:
+                if node.gt is not None:
+                    hits.append(node.gt)
+                child = node.children.get(token)
+                if child is not None:
+                    nxt.append(child)
+                if node.star is not None:
+                    nxt.append(node.star)
+            level = nxt
+            if not level:
+                return self._collect(hits), frozenset()
+        # The last token: everything but the literal children is independent of it.
+        exceptions: set[str] = set()
+        last: list[_Node[T]] = []
+        for node in level:
+            if node.gt is not None:
+                hits.append(node.gt)
+            exceptions.update(node.children)
+            if node.star is not None:
+                last.append(node.star)
+        hits.extend(last)
+        return self._collect(hits), frozenset(exceptions)
+
+    def match_beneath(self, stem: str, subject: str) -> Match[T]:
+        """:meth:`match_once` of ``subject``, which is ``stem`` followed by one or more tokens.
+
+        Ack subjects (``$JS.ACK.<stream>.<consumer>.<numbers>``) are each used once, but
+        usually nothing but ``>`` wildcards reaches beneath their stem (the server's own
+        ``$JS.ACK.>``): then every subject beneath the stem has the same match, which is
+        computed once per stem and shared until the index changes. While an entry with a
+        literal or ``*`` token beneath the stem exists, each subject is matched on its own.
+        ``subject`` is assumed to be a valid literal subject.
+        """
+        shared = self._beneath.get(stem)
+        if shared is not None:
+            return shared
+        match = self.match_once(subject)
+        if stem not in self._beneath:
+            if len(self._beneath) >= 64:
+                self._beneath.clear()
+            self._beneath[stem] = match if self._only_gt_beneath(stem) else None
+        return match
+
+    def _only_gt_beneath(self, stem: str) -> bool:
+        """Whether no entry below ``stem`` depends on the tokens after it (only ``>``)."""
+        level = [self._root]
+        for token in stem.split("."):
+            nxt: list[_Node[T]] = []
+            for node in level:
+                child = node.children.get(token)
+                if child is not None:
+                    nxt.append(child)
+                if node.star is not None:
+                    nxt.append(node.star)
+            level = nxt
+        return all(not node.children and node.star is None for node in level)
+
     def _invalidate(self, filters: Iterable[str]) -> None:
         """Drop cached results that an entry change under any of ``filters`` affects."""
+        if self._families:
+            self._families.clear()
+        if self._beneath:
+            self._beneath.clear()
         cache = self._cache
         if not cache:
             return
@@ -421,6 +516,11 @@ class SubjectIndex(Generic[T]):
             if not level:
                 break
         hits.extend(level)
+        return self._collect(hits)
+
+    @staticmethod
+    def _collect(hits: list[_Node[T]]) -> Match[T]:
+        """The entries of the matching nodes ``hits``, in order."""
         if not hits:
             return EMPTY_MATCH
         plain: list[T] = []

@@ -145,6 +145,14 @@ class ClientConnection(asyncio.Protocol):
         self._auth_required = cfg.auth_required
         self._loop = asyncio.get_running_loop()
         self._publish = server.router.publish
+        # Header-less PUBs of one read to one subject, handed to the router as a run
+        # (see on_pub). Only for clients that want neither +OK nor pedantic checks:
+        # those write something per PUB, which must come in order with deliveries.
+        self._runs = False
+        self._run_subject = ""
+        self._run_replies: list[str] = []
+        self._run_payloads: list[bytes] = []
+        self._publish_many = server.router.publish_many
 
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -181,7 +189,12 @@ class ClientConnection(asyncio.Protocol):
                 and data[:1] not in (b"C", b"c")
             ):
                 raise ProtocolError(errors.AUTH_VIOLATION)
-            self.parser.feed(data)
+            try:
+                self.parser.feed(data)
+            finally:
+                # The PUBs before an error were received: they are routed like any other.
+                if self._run_payloads:
+                    self._end_run()
         except ProtocolError as exc:
             log.debug("client %d protocol error: %s", self.cid, exc.message)
             if exc.silent:
@@ -265,6 +278,18 @@ class ClientConnection(asyncio.Protocol):
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
         if self._out_size > self.server.config.max_pending:
+            self._slow_consumer()
+
+    def send_frames(self, frames: list[bytes], payload_bytes: int) -> None:
+        """Complete ``MSG`` frames (one message each), appended in one go."""
+        size = self._out_size + sum(map(len, frames))
+        self._out += frames
+        self.out_msgs += len(frames)
+        self.out_bytes += payload_bytes
+        self._out_size = size
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+        if size > self.server.config.max_pending:
             self._slow_consumer()
 
     def write(self, data: bytes) -> None:
@@ -365,6 +390,8 @@ class ClientConnection(asyncio.Protocol):
 
     # -- parser handler: client → server ops -----------------------------------------
     def on_connect(self, options: bytes) -> None:
+        if self._run_payloads:
+            self._end_run()
         try:
             opts = _decode_connect(options)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -402,6 +429,7 @@ class ClientConnection(asyncio.Protocol):
             raise ProtocolError(errors.BAD_CLIENT_PROTOCOL)
         if self.no_responders and not self.headers:
             raise ProtocolError(errors.NO_RESPONDERS_REQUIRES_HEADERS)
+        self._runs = not self.verbose and not self.pedantic
         if self.verbose:
             self.write(OK)
 
@@ -420,6 +448,19 @@ class ClientConnection(asyncio.Protocol):
         return ok_user and ok_pass
 
     def on_pub(self, subject: str, reply: str, payload: bytes) -> None:
+        if self._runs:
+            # Deferred to the end of the run (the next op of another kind, another
+            # subject, or the end of this read), which routes it exactly as here: nothing
+            # else happens in between, and every other op ends the run first.
+            self.in_msgs += 1
+            self.in_bytes += len(payload)
+            if subject != self._run_subject:
+                if self._run_payloads:
+                    self._end_run()
+                self._run_subject = subject
+            self._run_replies.append(reply)
+            self._run_payloads.append(payload)
+            return
         if self.pedantic and not is_valid_subject(subject):
             # nats-server reports it, then routes the message all the same.
             self.send_error(errors.INVALID_PUBLISH_SUBJECT)
@@ -429,7 +470,15 @@ class ClientConnection(asyncio.Protocol):
             self.write(OK)
         self._publish(self, subject, reply, None, payload)  # the router checks the subject
 
+    def _end_run(self) -> None:
+        replies, payloads = self._run_replies, self._run_payloads
+        self._run_replies = []
+        self._run_payloads = []
+        self._publish_many(self, self._run_subject, replies, payloads)
+
     def on_hpub(self, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
+        if self._run_payloads:
+            self._end_run()
         if not self.headers:
             raise errors.bad_arguments("HPUB without headers support")
         if self.pedantic and not is_valid_subject(subject):
@@ -445,6 +494,8 @@ class ClientConnection(asyncio.Protocol):
         self.server.router.publish(self, subject, reply, headers or None, payload)
 
     def on_sub(self, subject: str, queue: str, sid: str) -> None:
+        if self._run_payloads:
+            self._end_run()
         # nats-server validates the subject only; any queue name is accepted.
         if not is_valid_filter(subject):
             self.send_error(errors.INVALID_SUBJECT)
@@ -458,6 +509,8 @@ class ClientConnection(asyncio.Protocol):
             self.write(OK)
 
     def on_unsub(self, sid: str, max_msgs: int) -> None:
+        if self._run_payloads:
+            self._end_run()
         sub = self.subs.get(sid)
         if sub is not None:
             if max_msgs and sub.delivered < max_msgs:
@@ -477,6 +530,8 @@ class ClientConnection(asyncio.Protocol):
         self.server.on_interest_change(sub.subject)
 
     def on_ping(self) -> None:
+        if self._run_payloads:
+            self._end_run()
         self.write(PONG)
         if self.connected and not self._first_pong_sent:
             # nats-server follows the first PONG after CONNECT with an INFO confirming
@@ -486,19 +541,26 @@ class ClientConnection(asyncio.Protocol):
                 self.write(encode_info(self.server.info_for(self, connect_info=True)))
 
     def on_pong(self) -> None:
+        if self._run_payloads:
+            self._end_run()
         self._pings_out = 0
 
     # -- ops a client sends only by mistake; handled as nats-server handles them ---------
     def on_info(self, info: bytes) -> None:
+        if self._run_payloads:
+            self._end_run()
         try:
             _decode_any(info)
         except msgspec.DecodeError:
             raise errors.bad_arguments("malformed INFO") from None
 
     def on_ok(self) -> None:
-        pass
+        if self._run_payloads:
+            self._end_run()
 
     def on_err(self, message: str) -> None:
+        if self._run_payloads:
+            self._end_run()
         log.info("client %d sent an error: %s", self.cid, message)
         raise errors.bad_arguments("client error")
 

@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from tether.engine import errors
-from tether.engine.broker import Broker, PubAck
+from tether.engine.broker import Broker
 from tether.engine.stream import Stream
 from tether.engine.subjects import filters_overlap
 from tether.protocol.nats.commands import encode
@@ -237,8 +237,11 @@ class JetStreamApi:
         def capture(subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
             self._capture(name, subject, reply, headers, payload)
 
+        def capture_run(subject: str, replies: list[str], payloads: list[bytes]) -> None:
+            self._capture_run(name, subject, replies, payloads)
+
         for subject in stream.config.subjects:
-            subs.append(self.router.subscribe_internal(subject, capture))
+            subs.append(self.router.subscribe_internal(subject, capture, run_handler=capture_run))
         if stream.config.allow_direct:
 
             def direct(subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
@@ -270,22 +273,38 @@ class JetStreamApi:
         if not reply or stream.config.no_ack:
             self.broker.publish(stream, subject, headers, payload, None)
             return
+        self.broker.publish_reply(stream, subject, headers, payload, self, reply)
+
+    def _capture_run(
+        self, name: str, subject: str, replies: list[str], payloads: list[bytes]
+    ) -> None:
+        """A run of header-less publishes: as :meth:`_capture` for each, in one call."""
+        stream = self.broker.streams.get(name)
+        if stream is None:
+            return
+        sink = None if stream.config.no_ack else self
+        self.broker.publish_many(stream, subject, payloads, replies, sink)
+
+    def _ack_prefix(self, name: str) -> bytes:
         prefix = self._pub_ack_prefix.get(name)
         if prefix is None:
             prefix = self._pub_ack_prefix[name] = b'{"stream":%s,"seq":' % _encode_json(name)
-        publish = self.router.publish
+        return prefix
 
-        def acked(result: PubAck | errors.ApiError) -> None:
-            if isinstance(result, PubAck):
-                if result.duplicate:
-                    body = b'%s%d,"duplicate":true}' % (prefix, result.seq)
-                else:
-                    body = b"%s%d}" % (prefix, result.seq)
-            else:
-                body = _encode_json({"error": result.to_dict(), "stream": name, "seq": 0})
-            publish(None, reply, "", None, body)
+    # PubAckSink: the broker's answers to publishers, a run at a time.
+    def pub_acked(self, stream: str, first_seq: int, replies: list[str], duplicate: bool) -> None:
+        prefix = self._ack_prefix(stream)
+        if duplicate:
+            bodies = [b'%s%d,"duplicate":true}' % (prefix, first_seq)] * len(replies)
+        else:
+            bodies = [
+                b"%s%d}" % (prefix, seq) for seq in range(first_seq, first_seq + len(replies))
+            ]
+        self.router.publish_replies(replies, bodies)
 
-        self.broker.publish(stream, subject, headers, payload, acked)
+    def pub_failed(self, stream: str, replies: list[str], error: errors.ApiError) -> None:
+        body = _encode_json({"error": error.to_dict(), "stream": stream, "seq": 0})
+        self.router.publish_replies(replies, [body] * len(replies))
 
     # -- API dispatch ------------------------------------------------------------------------------
     def _on_api(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:

@@ -33,17 +33,31 @@ class Subscriber(Protocol):
 
 
 InternalHandler = Callable[[str, str, bytes | None, bytes], None]
+# (subject, replies, payloads): a run of header-less messages to one subject, in order.
+RunHandler = Callable[[str, list[str], list[bytes]], None]
 
 
 class InternalSubscription:
-    """A server-side subscriber: calls ``handler(subject, reply, headers, payload)``."""
+    """A server-side subscriber: calls ``handler(subject, reply, headers, payload)``.
 
-    __slots__ = ("client", "handler", "queue", "subject")
+    With a ``run_handler``, a run of messages without headers published to one subject
+    by one connection (see :meth:`Router.publish_many`) is handed over in one call,
+    which must have the effect of ``handler`` called for each message in turn.
+    """
 
-    def __init__(self, subject: str, handler: InternalHandler, queue: str = "") -> None:
+    __slots__ = ("client", "handler", "queue", "run_handler", "subject")
+
+    def __init__(
+        self,
+        subject: str,
+        handler: InternalHandler,
+        queue: str = "",
+        run_handler: RunHandler | None = None,
+    ) -> None:
         self.subject = subject
         self.handler = handler
         self.queue = queue
+        self.run_handler = run_handler
         self.client: ClientConnection | None = None
 
     def deliver(
@@ -60,6 +74,8 @@ def _no_responders_block(subject: str) -> bytes:
 # Subjects that are (almost) never published to twice: caching their matches would
 # only evict the subjects that do repeat.
 _ONE_SHOT = ("_INBOX.", "$JS.ACK.")
+_ACK_STEM = "$JS.ACK"
+_ACK = _ACK_STEM + "."
 
 
 class Router:
@@ -76,9 +92,13 @@ class Router:
         self._subject_bytes: dict[str, bytes] = {}
 
     def subscribe_internal(
-        self, subject: str, handler: InternalHandler, queue: str = ""
+        self,
+        subject: str,
+        handler: InternalHandler,
+        queue: str = "",
+        run_handler: RunHandler | None = None,
     ) -> InternalSubscription:
-        sub = InternalSubscription(subject, handler, queue)
+        sub = InternalSubscription(subject, handler, queue, run_handler)
         self.index.add(subject, sub, queue or None)
         return sub
 
@@ -108,7 +128,9 @@ class Router:
                     self._no_responders(origin, subject, reply)
                 return 0
             sb = encode(subject)
-            if subject.startswith(_ONE_SHOT):
+            if subject.startswith(_ACK):
+                m = self.index.match_beneath(_ACK_STEM, subject)  # one match for all acks
+            elif subject.startswith(_ONE_SHOT):
                 m = self.index.match_once(subject)
             else:
                 # First sight of this subject: checked once, its wire bytes remembered.
@@ -141,6 +163,78 @@ class Router:
         if sent == 0 and reply and origin is not None and origin.no_responders:
             self._no_responders(origin, subject, reply)
         return sent
+
+    def publish_many(
+        self,
+        origin: ClientConnection,
+        subject: str,
+        replies: list[str],
+        payloads: list[bytes],
+    ) -> None:
+        """:meth:`publish` for each of a run of header-less messages to one subject.
+
+        When the subject's only subscriber is an internal one that takes runs (a stream
+        capturing it), the run goes to it in one call; otherwise message by message.
+        """
+        publish = self.publish
+        if subject not in self._subject_bytes:
+            # First sight: the general path checks the subject and remembers it.
+            publish(origin, subject, replies[0], None, payloads[0])
+            if len(replies) == 1:
+                return
+            replies, payloads = replies[1:], payloads[1:]
+        if subject in self._subject_bytes:
+            m = self._match[subject]
+            if len(m.plain) == 1 and not m.groups:
+                sub = m.plain[0]
+                if type(sub) is InternalSubscription and sub.run_handler is not None:
+                    sub.run_handler(subject, replies, payloads)
+                    return
+        for reply, payload in zip(replies, payloads, strict=True):
+            publish(origin, subject, reply, None, payload)
+
+    def publish_replies(self, replies: list[str], bodies: list[bytes]) -> None:
+        """``publish(None, reply, "", None, body)`` for each pair, in order (PubAcks).
+
+        Every reply is usually a different inbox of the same few clients: the
+        subscribers are found per inbox prefix (:meth:`SubjectIndex.match_family`)
+        and the frames for one client are appended to its buffer in one go. An empty
+        reply is skipped (nobody asked).
+        """
+        match_family = self.index.match_family
+        client: ClientConnection | None = None
+        frames: list[bytes] = []
+        payload_bytes = 0
+        for reply, body in zip(replies, bodies, strict=True):
+            if not reply:
+                continue
+            if not (".." in reply or reply[0] == "." or reply[-1] == "."):
+                m = match_family(reply)
+                if len(m.plain) == 1 and not m.groups:
+                    sub = m.plain[0]
+                    owner = sub.client
+                    # A subscription with an UNSUB maximum may go away after this very
+                    # message: those take the general path, which counts.
+                    if type(sub) is ClientSubscription and owner is not None and not sub.max_msgs:
+                        if owner is not client:
+                            if frames and client is not None:
+                                client.send_frames(frames, payload_bytes)
+                                frames = []
+                                payload_bytes = 0
+                            client = owner
+                        sub.delivered += 1
+                        frames.append(
+                            b"MSG %s %s %d\r\n%s\r\n" % (encode(reply), sub.sid_b, len(body), body)
+                        )
+                        payload_bytes += len(body)
+                        continue
+            if frames and client is not None:
+                client.send_frames(frames, payload_bytes)
+                frames = []
+                payload_bytes = 0
+            self.publish(None, reply, "", None, body)
+        if frames and client is not None:
+            client.send_frames(frames, payload_bytes)
 
     def no_interest(self, origin: ClientConnection, subject: str, reply: str) -> None:
         """A publish that matches nobody by construction (a malformed subject)."""

@@ -1,0 +1,182 @@
+"""Runs of PUBs and batches of replies: the shortcuts of the publish path must write
+exactly what routing each message on its own writes.
+
+A connection hands the header-less PUBs of one read to one subject to the router as a
+run (``Router.publish_many``), and PubAcks go out through ``Router.publish_replies``.
+Each is compared with the message-by-message path on an identical server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tether.server.config import ServerConfig
+from tether.server.nats.connection import ClientConnection
+from tether.server.nats.server import NatsServer
+
+CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n'
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 50000) if name == "peername" else default
+
+
+def connect(server: NatsServer) -> tuple[ClientConnection, FakeTransport]:
+    transport = FakeTransport()
+    conn = server._new_connection()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport
+
+
+def written(conn: ClientConnection, transport: FakeTransport) -> bytes:
+    conn.flush_now()
+    out = bytes(transport.written)
+    transport.written.clear()
+    return out
+
+
+# -- runs of PUBs ---------------------------------------------------------------------------
+
+SUBJECTS = ["cap.x", "cap.y", "sub.a", "a..b"]
+frames = st.one_of(
+    st.tuples(st.just("pub"), st.sampled_from(SUBJECTS), st.booleans(), st.binary(max_size=3)).map(
+        lambda f: (
+            b"PUB %s %s%d\r\n%s\r\n" % (f[1].encode(), b"r.1 " if f[2] else b"", len(f[3]), f[3])
+        )
+    ),
+    st.sampled_from(
+        [
+            b"HPUB cap.x 12 13\r\nNATS/1.0\r\n\r\nh\r\n",
+            b"SUB sub.* 1\r\n",
+            b"SUB cap.x 2\r\n",
+            b"SUB r.1 3\r\n",
+            b"UNSUB 1 2\r\n",
+            b"UNSUB 2\r\n",
+            b"PING\r\n",
+        ]
+    ),
+)
+
+
+async def _serve(stream: bytes, cuts: list[int], runs: bool) -> tuple[bytes, list[Any], int]:
+    server = NatsServer(ServerConfig())
+    captured: list[Any] = []
+    run_calls = 0
+
+    def handler(subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
+        captured.append((subject, reply, headers, payload))
+
+    def run_handler(subject: str, replies: list[str], payloads: list[bytes]) -> None:
+        nonlocal run_calls
+        run_calls += 1
+        captured.extend((subject, r, None, p) for r, p in zip(replies, payloads, strict=True))
+
+    server.router.subscribe_internal("cap.*", handler, run_handler=run_handler)
+    conn, transport = connect(server)
+    written(conn, transport)
+    conn.data_received(CONNECT)
+    conn._runs = runs
+    pos = 0
+    for cut in sorted(cuts):
+        if cut > pos:
+            conn.data_received(stream[pos:cut])
+            pos = cut
+    conn.data_received(stream[pos:])
+    return written(conn, transport), captured, run_calls
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(frames, max_size=25),
+    st.lists(st.integers(0, 400), max_size=4),
+    st.booleans(),
+)
+def test_runs_route_like_single_publishes(
+    parts: list[bytes], cuts: list[int], garbage: bool
+) -> None:
+    stream = b"".join(parts) + (b"BOGUS\r\n" if garbage else b"")
+    single = asyncio.run(_serve(stream, cuts, runs=False))
+    batched = asyncio.run(_serve(stream, cuts, runs=True))
+    assert batched[:2] == single[:2]
+    assert single[2] == 0
+
+
+async def test_a_read_of_pubs_to_a_capture_is_one_run() -> None:
+    stream = b"".join(b"PUB cap.x r.%d 1\r\n%d\r\n" % (i, i % 10) for i in range(50))
+    out, captured, run_calls = await _serve(stream + b"PUB cap.y 0\r\n\r\n", [], runs=True)
+    # The first message to a subject takes the general path (which checks the subject
+    # and remembers it), the other 49 are one run; cap.y is new and alone.
+    assert run_calls == 1
+    assert [c[1] for c in captured[:50]] == [f"r.{i}" for i in range(50)]
+    assert captured[-1] == ("cap.y", "", None, b"")
+    assert out == b""
+
+
+# -- batches of replies ---------------------------------------------------------------------
+
+REPLIES = [
+    "",
+    "_INBOX.a.1",
+    "_INBOX.a.2",
+    "_INBOX.a.7",
+    "_INBOX.b.x.y",
+    "_INBOX.c.1",
+    "_INBOX.q.1",
+    "nobody.1",
+    "_INBOX..1",
+    "_INBOX",
+]
+
+
+async def _replies(replies: list[str], batched: bool) -> tuple[bytes, bytes, list[int]]:
+    server = NatsServer(ServerConfig())
+    one, t1 = connect(server)
+    two, t2 = connect(server)
+    one.data_received(
+        CONNECT + b"SUB _INBOX.a.* 1\r\nSUB _INBOX.a.7 2\r\nSUB _INBOX.b.> 3\r\nUNSUB 3 2\r\n"
+    )
+    two.data_received(CONNECT + b"SUB _INBOX.c.* 1\r\nSUB _INBOX.q.* g 2\r\nSUB _INBOX 3\r\n")
+    written(one, t1)
+    written(two, t2)
+    bodies = [b'{"stream":"S","seq":%d}' % i for i in range(len(replies))]
+    if batched:
+        server.router.publish_replies(replies, bodies)
+    else:
+        for reply, body in zip(replies, bodies, strict=True):
+            if reply:
+                server.router.publish(None, reply, "", None, body)
+    counts = [sub.delivered for conn in (one, two) for sub in conn.subs.values()]
+    return written(one, t1), written(two, t2), counts
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(REPLIES), max_size=30))
+def test_publish_replies_is_publish_one_by_one(replies: list[str]) -> None:
+    assert asyncio.run(_replies(replies, True)) == asyncio.run(_replies(replies, False))
