@@ -31,12 +31,25 @@ class Receiver:
         self.status = 500
         self.hold = threading.Event()
         self.hold.set()
+        self.delay = 0.0  # seconds to wait before answering the next request
+        self.active = 0  # requests being answered now
+        self.max_active = 0
+        lock = threading.Lock()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real callback would
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with lock:
+                    owner.active += 1
+                    owner.max_active = max(owner.max_active, owner.active)
+                    delay, owner.delay = owner.delay, 0.0
                 owner.hold.wait(10)
+                time.sleep(delay)
+                with lock:
+                    owner.active -= 1
                 owner.requests.append((dict(self.headers.items()), body))
                 self.send_response(owner.status)
                 self.send_header("Content-Length", "0")
@@ -205,3 +218,66 @@ def test_in_flight_delivery_is_recovered_after_a_crash(
         assert [b for _, b in receiver.requests][-1] == b"survivor"
     finally:
         srv.cleanup()
+
+
+def test_deliveries_run_concurrently_up_to_the_limit(receiver: Receiver, tmp_path: Path) -> None:
+    config = tmp_path / "tether.toml"
+    config.write_text(CONFIG.replace("webhook_concurrency = 1", "webhook_concurrency = 3"))
+    receiver.status = 200
+    receiver.hold.clear()  # every delivery blocks until released
+    with (
+        run_server(store="memory", args=["--config", str(config)]) as srv,
+        httpx.Client(base_url=srv.http_url) as http,
+    ):
+        headers = setup(http, receiver.url)
+        for n in range(8):
+            r = http.post(
+                "/channel/orders/broadcast",
+                content=b"m%d" % n,
+                headers={**headers, "X-Broker-Message-ID": f"m{n}"},
+            )
+            assert r.status_code == 201
+        wait_until(lambda: receiver.active == 3)
+        time.sleep(0.3)  # room for a fourth delivery, were the limit not kept
+        assert receiver.active == 3
+        statuses = [
+            http.get(f"/channel/orders/message/m{n}").json()["Jobs"][0]["Status"] for n in range(8)
+        ]
+        assert sorted(statuses) == ["INFLIGHT"] * 3 + ["QUEUED"] * 5
+        receiver.hold.set()
+        wait_until(lambda: len(receiver.requests) == 8)
+        assert receiver.max_active == 3
+        assert sorted(b for _, b in receiver.requests) == [b"m%d" % n for n in range(8)]
+        ids = {h["X-Request-ID"] for h, _ in receiver.requests}
+        assert len(ids) == 8 and all(len(i) == 20 for i in ids)
+
+
+def test_a_request_slower_than_the_connection_timeout_is_a_failed_attempt(
+    receiver: Receiver, config: Path
+) -> None:
+    receiver.status = 200
+    receiver.delay = 3.0  # the first answer comes after the 2 s connection timeout
+    with (
+        run_server(store="memory", args=["--config", str(config)]) as srv,
+        httpx.Client(base_url=srv.http_url) as http,
+    ):
+        headers = setup(http, receiver.url)
+        r = http.post(
+            "/channel/orders/broadcast",
+            content=b"slow",
+            headers={**headers, "X-Broker-Message-ID": "slow-1"},
+        )
+        assert r.status_code == 201
+        wait_until(
+            lambda: (
+                http.get("/channel/orders/message/slow-1").json()["Jobs"][0]["Status"]
+                == "DELIVERED"
+            ),
+            within=15,
+        )
+        metrics = http.get("/metrics").text
+        assert "tether_webhook_deliveries_failed_total 1.0" in metrics
+        assert "tether_webhook_deliveries_ok_total 1.0" in metrics
+        # The timed-out attempt and its retry both reached the receiver.
+        wait_until(lambda: len(receiver.requests) == 2)
+        assert [b for _, b in receiver.requests] == [b"slow", b"slow"]
