@@ -65,13 +65,23 @@ def json(body: Any, status: int = 200, headers: dict[str, str] | None = None) ->
     )
 
 
+# The last second formatted: a claim answers every job's deadline, mostly the same second.
+_last_second: tuple[int, str] = (-1, "")
+
+
 def rfc3339(ns: int) -> str:
     """Go's ``time.Time`` JSON form (RFC 3339 with nanoseconds, trailing zeros cut)."""
+    global _last_second
     if ns <= 0:
         return "0001-01-01T00:00:00Z"
     secs, frac = divmod(ns, NS)
-    base = datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{base}.{frac:09d}".rstrip("0").rstrip(".") + "Z"
+    cached_secs, base = _last_second
+    if secs != cached_secs:
+        base = datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _last_second = (secs, base)
+    if not frac:
+        return base + "Z"
+    return f"{base}.{frac:09d}".rstrip("0") + "Z"
 
 
 def http_date(ns: int) -> str:
