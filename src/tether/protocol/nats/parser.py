@@ -178,6 +178,7 @@ class Parser:
         "_kind",
         "_need",
         "_pub_lines",
+        "_subjects",
         "max_control_line",
         "max_payload",
         "server_side",
@@ -202,6 +203,8 @@ class Parser:
         self._args: tuple[str, str, str] = ("", "", "")
         self._dead = False
         self._pub_lines: dict[bytes, tuple[str, str, int, bytes]] = {}
+        # Subjects of recent PUB lines, decoded once (the same str each time).
+        self._subjects: dict[bytes, str] = {}
 
     @property
     def pending(self) -> int:
@@ -249,6 +252,7 @@ class Parser:
         pos = 0
         max_line = self.max_control_line
         pub_lines = self._pub_lines
+        subjects = self._subjects
         while pos < n:
             kind = self._kind
             if kind:
@@ -319,7 +323,7 @@ class Parser:
                 if argc == 3:
                     reply = ""
                 elif argc == 4:
-                    reply = decode(parts[2])
+                    reply = parts[2].decode("utf-8", "surrogateescape")  # decode(), inlined
                 else:
                     raise _arguments_error(line, parts[0])
                 raw = parts[argc - 1]
@@ -327,10 +331,19 @@ class Parser:
                 size = _size(raw) if known is None else known
                 if size > self.max_payload:
                     raise _too_big(size)
-                subject = decode(parts[1])
-                if len(pub_lines) >= 256:
-                    pub_lines.clear()
-                pub_lines[line] = (subject, reply, size, line + b"\r\n")
+                raw_subject = parts[1]
+                known_subject = subjects.get(raw_subject)
+                if known_subject is None:
+                    if len(subjects) >= 256:
+                        subjects.clear()
+                    known_subject = subjects[raw_subject] = decode(raw_subject)
+                subject = known_subject
+                if argc == 3:
+                    # Only lines without a reply are worth remembering whole: a reply is
+                    # usually a fresh inbox per request, so such a line never comes back.
+                    if len(pub_lines) >= 256:
+                        pub_lines.clear()
+                    pub_lines[line] = (subject, reply, size, line + b"\r\n")
                 end = pos + size + 2
                 if end > n:
                     if end - 1 == n and buf[n - 1] != 13:
