@@ -23,6 +23,7 @@ from typing import Any
 
 from tether.engine import pull_queue as pq
 from tether.engine.clock import Clock, Timer
+from tether.engine.consumer_ack_subject import ack_format, first_delivery_format
 from tether.engine.consumer_acks import PRIORITY_KEY, AckHandling
 from tether.engine.consumer_config import ConsumerConfig, format_rfc3339, parse_rfc3339
 from tether.engine.consumer_io import ConsumerHost, DeliverySink
@@ -126,7 +127,8 @@ class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
         self.max_waiting = config.max_waiting
         self.priority_order = config.priority_order
         self._key_mod = PRIORITY_KEY if config.priority_order else 0
-        self._ack_prefix = f"$JS.ACK.{self.stream.name}.{self.name}."
+        self._ack_format = ack_format(self.stream.name, self.name)
+        self._ack_first = first_delivery_format(self.stream.name, self.name)
         self.paused_until = parse_rfc3339(config.pause_until) if config.pause_until else 0
 
     def update_config(self, config: ConsumerConfig) -> None:
@@ -316,11 +318,15 @@ class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
         """The ack subject the next delivery of ``meta`` will carry."""
         if redelivery:
             dc = self.state.deliveries(meta.seq) + 1
-            pending = self.cursor.num_pending
-        else:
-            dc = 1
-            pending = max(self.cursor.num_pending - 1, 0)
-        return f"{self._ack_prefix}{dc}.{meta.seq}.{self.dseq + 1}.{meta.ts}.{pending}"
+            return self._ack_format % (
+                dc,
+                meta.seq,
+                self.dseq + 1,
+                meta.ts,
+                self.cursor.num_pending,
+            )
+        pending = self.cursor.num_pending - 1
+        return self._ack_first % (meta.seq, self.dseq + 1, meta.ts, pending if pending > 0 else 0)
 
     def _commit(self, meta: MessageMeta, redelivery: bool, now: int) -> None:
         seq = meta.seq

@@ -42,6 +42,7 @@ class AckHandling:
     max_ack_pending: int
     priority_order: bool
     last_ack_ns: int
+    _changed: bool
     _last_activity: int
     _ack_timer: Timer | None
     _ack_timer_at: int
@@ -65,23 +66,26 @@ class AckHandling:
         if self.ack_none:
             return
         state = self.state
-        stalled = self.max_ack_pending and len(state.pending) >= self.max_ack_pending
+        max_ack_pending = self.max_ack_pending
+        stalled = max_ack_pending and len(state.pending) >= max_ack_pending
+        acked: list[int] | None = None  # None: just ``seq`` (no list built per ack)
         if self.ack_all:
             floor = self.ack_floor[1]
             if seq <= floor:
                 return
             acked = state.ack_up_to(seq)
-        elif state.ack(seq):
-            acked = [seq]
-        elif state.dead.pop(seq, None) is not None:
-            state.rdc.pop(seq, None)
-            acked = [seq]  # a late ack for a dead message still means it was processed
-        else:
-            return
+        elif not state.ack(seq):
+            if state.dead.pop(seq, None) is None:
+                return
+            state.rdc.pop(seq, None)  # a late ack for a dead message still means it was processed
         self.last_ack_ns = self._last_activity = self.clock.now()
-        self._changed_state()
-        if self.notify_acks and acked:
-            self.host.consumer_acked(self._me, acked)
+        if not self._changed:
+            self._changed_state()
+        if self.notify_acks:
+            if acked is None:
+                self.host.consumer_acked(self._me, [seq])
+            elif acked:
+                self.host.consumer_acked(self._me, acked)
         if stalled:
             self.pump()
 

@@ -26,6 +26,7 @@ import msgspec
 
 from tether.engine import errors
 from tether.engine.consumer import Consumer
+from tether.engine.consumer_ack_subject import parse_ack_subject
 from tether.engine.consumer_config import (
     ConsumerConfig,
     decode_request,
@@ -123,6 +124,10 @@ class ConsumerApi:
         self._subs: list[InternalSubscription] = []
         self._outboxes: dict[int, _Outbox] = {}
         self._subject_bytes: dict[str, bytes] = {}
+        # Bound once: these are called for every delivered message and every ack.
+        self._match = self.router.index.match
+        self._cached = self.broker.store.cached
+        self._streams = registry.streams
         self._register_routes()
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -330,21 +335,19 @@ class ConsumerApi:
         consumer.pull(reply, payload)
 
     def _on_ack(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
-        tokens = subject.split(".")
-        n = len(tokens)
-        if n == 9:
-            stream, name, seq_token = tokens[2], tokens[3], tokens[5]
-        elif n >= 11:
-            stream, name, seq_token = tokens[4], tokens[5], tokens[7]
-        else:
+        target = parse_ack_subject(subject)
+        if target is None:
             return
-        consumer = self.registry.find(stream, name)
-        if consumer is None or not seq_token.isdigit():
-            if reply and consumer is None:
+        stream, name, seq = target
+        consumers = self._streams.get(stream)
+        consumer = consumers.get(name) if consumers is not None else None
+        if consumer is None:
+            if reply:
                 block = b"NATS/1.0 503\r\nNats-Subject: " + encode(subject) + b"\r\n\r\n"
                 self.router.publish(None, reply, "", block, b"")
             return
-        seq = int(seq_token)
+        if seq < 0:
+            return
         body = payload
         if not body or body == b"+ACK" or body == b"+OK":
             consumer.ack(seq)
@@ -390,9 +393,9 @@ class ConsumerApi:
 
     # -- DeliverySink ---------------------------------------------------------------------------------------
     def deliver(self, consumer: Consumer, to: str, meta: MessageMeta, reply: str) -> None:
-        outbox = self._outboxes.get(id(consumer))
+        outbox = self._outboxes.get(id(consumer)) if self._outboxes else None
         if outbox is None:
-            msg = self.broker.store.cached(consumer.stream.name, meta.seq)
+            msg = self._cached(consumer.stream.name, meta.seq)
             if msg is not None:
                 self._send(consumer, to, msg, reply)
                 return
@@ -439,7 +442,7 @@ class ConsumerApi:
             if len(self._subject_bytes) > 4096:
                 self._subject_bytes.clear()
             sb = self._subject_bytes[subject] = encode(subject)
-        m = self.router.index.match(to)
+        m = self._match(to)
         rb = reply.encode()
         for sub in m.plain:
             sub.deliver(subject, reply, headers, data, sb, rb)
