@@ -160,6 +160,50 @@ class SequenceCursor:
         self._scan = seq
         return None
 
+    def peek_run(self, limit: int) -> list[MessageMeta]:
+        """Up to ``limit`` next messages in order, as repeated :meth:`peek` / :meth:`take`
+        would find them, without handing them out: :meth:`take_run` does that for as
+        many of them as were delivered. Empty when nothing is left."""
+        if self.lps:
+            meta = self.peek()
+            return [] if meta is None else [meta]
+        stream_meta = self.stream.meta
+        seq = max(self.next_seq, self._scan)
+        last = self.head.committed
+        run: list[MessageMeta]
+        if self.match.match_all:
+            end = min(last, seq + limit - 1)
+            run = [m for m in map(stream_meta, range(seq, end + 1)) if m is not None]
+        else:
+            match = self.match
+            run = []
+            walked = 0
+            while seq <= last and len(run) < limit:
+                meta = stream_meta(seq)
+                seq += 1
+                if meta is not None and match(meta.subject):
+                    run.append(meta)
+                else:
+                    walked += 1
+                    if walked > _WALK_LIMIT:
+                        break  # sparse: peek() below, or the next run, uses the index
+        if run:
+            self._scan = run[0].seq
+            return run
+        # Nothing close by (a gap, or a sparse filter): peek's own search.
+        meta = self.peek()
+        return [] if meta is None else [meta]
+
+    def take_run(self, last: MessageMeta, count: int) -> None:
+        """The first ``count`` messages of :meth:`peek_run`, ending with ``last``, were
+        handed out (like ``count`` :meth:`take` calls)."""
+        if self.lps:
+            self.take(last)
+            return
+        self.next_seq = last.seq + 1
+        if not self._dirty:
+            self._np = max(self._np - count, 0)
+
     def _indexed_next(self, start: int, last: int) -> MessageMeta | None:
         try:
             for seq in self.stream.seqs_matching(start, self.match.filters):
