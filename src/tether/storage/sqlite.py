@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
@@ -115,10 +116,24 @@ SQL_DELETE_STREAM = (
     "DELETE FROM consumers WHERE stream = ?",
     "DELETE FROM stream_seq WHERE stream = ?",
 )
-SQL_APPEND = (
-    "INSERT OR REPLACE INTO messages (stream, seq, subject, headers, data, ts, priority)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+SQL_APPEND_INTO = (
+    "INSERT OR REPLACE INTO messages (stream, seq, subject, headers, data, ts, priority) VALUES "
 )
+APPEND_COLUMNS = 7
+# Appends are written by statements of several rows each (``VALUES (…), (…), …``):
+# sqlite3 releases and re-takes the GIL around every statement step, so one row per
+# step (executemany) means one GIL round trip per message, each a wait while the
+# event loop thread is busy. At most this many rows per statement (and below it, a
+# power of two, so a handful of statements cover every count and stay cached).
+APPEND_ROWS_MAX = 512
+
+
+@functools.lru_cache(maxsize=16)
+def sql_append_rows(rows: int) -> str:
+    """The append statement for ``rows`` rows at once."""
+    return SQL_APPEND_INTO + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * rows)
+
+
 SQL_RAISE_LAST_SEQ = (
     "INSERT INTO stream_seq (stream, last_seq) VALUES (?, ?)"
     " ON CONFLICT (stream) DO UPDATE SET last_seq = max(last_seq, excluded.last_seq)"
@@ -250,26 +265,26 @@ class _Writer:
 class _Transaction:
     """Turns ops into statements inside one open transaction, in op order.
 
-    Appends are buffered into one ``executemany`` until an op that touches messages
-    needs them in place. Consumer states are coalesced (the last one wins) until an op
+    Appends are buffered, as one flat list of parameters, until an op that touches
+    messages needs them in place, then written a few hundred rows per statement. Consumer states are coalesced (the last one wins) until an op
     that touches consumers needs them in place. Each stream's high-water mark is
     raised once, at the end.
     """
 
-    __slots__ = ("_conn", "_last_seqs", "_rows", "_states")
+    __slots__ = ("_conn", "_last_seqs", "_params", "_states")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        self._rows: list[tuple[str, int, str, bytes, bytes, int, int]] = []
+        self._params: list[str | int | bytes] = []  # APPEND_COLUMNS per buffered row
         self._states: dict[tuple[str, str], bytes] = {}
         self._last_seqs: dict[str, int] = {}
 
     def apply(self, ops: list[Op]) -> None:
-        conn, rows, last_seqs = self._conn, self._rows, self._last_seqs
+        conn, params, last_seqs = self._conn, self._params, self._last_seqs
         for op in ops:
             if op[0] == APPEND:
                 stream, m = op[1], op[2]
-                rows.append((stream, m.seq, m.subject, m.headers, m.data, m.ts, m.priority))
+                params += (stream, m.seq, m.subject, m.headers, m.data, m.ts, m.priority)
                 if m.seq > last_seqs.get(stream, 0):
                     last_seqs[stream] = m.seq
             elif op[0] == PUT_CONSUMER_STATE:
@@ -307,9 +322,19 @@ class _Transaction:
             self._conn.executemany(SQL_RAISE_LAST_SEQ, self._last_seqs.items())
 
     def _flush_rows(self) -> None:
-        if self._rows:
-            self._conn.executemany(SQL_APPEND, self._rows)
-            self._rows.clear()
+        params = self._params
+        if not params:
+            return
+        execute = self._conn.execute
+        left = len(params) // APPEND_COLUMNS
+        start = 0
+        while left:
+            rows = APPEND_ROWS_MAX if left >= APPEND_ROWS_MAX else 1 << (left.bit_length() - 1)
+            end = start + rows * APPEND_COLUMNS
+            execute(sql_append_rows(rows), params[start:end])
+            start = end
+            left -= rows
+        params.clear()
 
     def _flush_states(self) -> None:
         if self._states:

@@ -1,0 +1,40 @@
+"""The SQLite writer's multi-row appends: every count of rows, streams mixed, and ops
+that need the appends in place (a delete) in between, all land as one by one would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tether.storage.base import StoredMessage
+from tether.storage.sqlite import APPEND_ROWS_MAX, SqliteStore, sql_append_rows
+
+
+def test_the_statement_has_one_group_of_parameters_per_row() -> None:
+    assert sql_append_rows(1).count("?") == 7
+    assert sql_append_rows(3).count("(?,") == 3
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, APPEND_ROWS_MAX - 1, APPEND_ROWS_MAX, 1100])
+async def test_appends_of_any_count_are_all_stored(tmp_path: Path, count: int) -> None:
+    store = SqliteStore(tmp_path)
+    await store.open()
+    try:
+        for seq in range(1, count + 1):
+            # Two streams interleaved, and a delete half way that needs what came before.
+            store.append("A", StoredMessage(seq, "a", b"", b"%d" % seq, seq, 0))
+            store.append("B", StoredMessage(seq, "b", b"h", b"x" * (seq % 5), seq, seq % 3))
+            if seq == count // 2:
+                store.delete_range("A", 1, seq)
+        await store.flush()
+        a = await store.read_range("A", 1, count + 10)
+        b = await store.read_range("B", 1, count + 10)
+        assert [m.seq for m in a] == list(range(count // 2 + 1, count + 1))
+        assert [m.data for m in a] == [b"%d" % s for s in range(count // 2 + 1, count + 1)]
+        assert b == [
+            StoredMessage(s, "b", b"h", b"x" * (s % 5), s, s % 3) for s in range(1, count + 1)
+        ]
+        assert await store.load_last_seq("A") == count
+    finally:
+        await store.close()
