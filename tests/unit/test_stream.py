@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tether.engine.errors import ApiError
 from tether.engine.stream import Stream, message_ttl
@@ -491,3 +493,35 @@ def test_count_from_a_sequence_with_and_without_gaps() -> None:
     assert stream.count_matching(4, ()) == 5  # gaps: counted
     assert stream.count_matching(1, ()) == 8
     assert stream.count_matching(4, ("s.0",)) == 3  # seqs 4, 7 and 10 are on s.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(17, 60)), max_size=5),
+    st.lists(st.integers(17, 60), max_size=20),
+    st.sampled_from([0, 5]),
+    st.booleans(),
+)
+def test_append_run_is_append_one_by_one(
+    before: list[tuple[str, int]], sizes: list[int], first_seq: int, remove_all: bool
+) -> None:
+    streams = [make(first_seq=first_seq) if first_seq else make() for _ in range(2)]
+    for stream in streams:
+        for subject, size in before:
+            add(stream, subject, size, msg_id=f"id-{size}")
+        if remove_all:
+            for seq in live(stream):
+                stream.remove(seq)
+    one, run = streams
+    assert not run.evicts
+    first = one.last_seq + 1
+    for i, size in enumerate(sizes):
+        assert one.append(MessageMeta(first + i, "a", size, T0 + 1), "") == []
+    if sizes:
+        assert run.append_run("a", sizes, T0 + 1) == first
+    assert run.info_state() == one.info_state()
+    assert live(run) == live(one)
+    assert [run.meta(s) for s in live(run)] == [one.meta(s) for s in live(one)]
+    assert run.subjects_state(">") == one.subjects_state(">")
+    assert (run.last_msg_id, run.state.last_ts) == (one.last_msg_id, one.state.last_ts)
+    assert list(run.seqs_matching(0, ("a",))) == list(one.seqs_matching(0, ("a",)))

@@ -335,6 +335,8 @@ class Broker:
         """
         cfg = stream.config
         name = stream.name
+        if not payloads:
+            return
         if cfg.sealed:
             if sink is not None:
                 asked = [reply for reply in replies if reply]
@@ -345,12 +347,22 @@ class Broker:
         limit = cfg.max_msg_size
         discard_new = cfg.discard == "new"
         overhead = len(subject) + 16
+        if limit < 0 and not discard_new and not stream.evicts:
+            # Nothing can refuse or evict any of them: index the run in one go.
+            sizes = [overhead + len(payload) for payload in payloads]
+            first = stream.append_run(subject, sizes, now)
+            store_append = self.store.append
+            seq = first
+            for payload in payloads:
+                store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
+                seq += 1
+            self._ran(stream, first, seq - 1, sink, replies)
+            return
         append = stream.append
         store_append = self.store.append
         accepted: list[str] = []
         first = 0
         seq = 0
-        fut: asyncio.Future[None] | None = None
         for payload, reply in zip(payloads, replies, strict=True):
             plen = len(payload)
             size = overhead + plen
@@ -367,19 +379,25 @@ class Broker:
             if not first:
                 first = seq
             removed = append(MessageMeta(seq, subject, size, now, 0), "")
-            fut = store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
+            store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
             if removed:
                 self._delete_seqs(stream, removed)
             accepted.append(reply)
-        if fut is None:
-            return
-        tick = self._tick_for(fut)
-        tick.appended.append((stream, first, seq, ""))
+        if accepted:
+            self._ran(stream, first, seq, sink, accepted)
+
+    def _ran(
+        self, stream: Stream, first: int, last: int, sink: PubAckSink | None, replies: list[str]
+    ) -> None:
+        """Book a run of appends stored at ``first..last`` into the current tick."""
+        tick = self._tick_for(self.store.flush())
+        tick.appended.append((stream, first, last, ""))
+        name = stream.name
         if name not in tick.first_seq:
             tick.first_seq[name] = first
         if sink is not None:
-            tick.waiters.append((sink, name, first, accepted, False))
-        if cfg.max_age and not self._expiry_timer:
+            tick.waiters.append((sink, name, first, replies, False))
+        if stream.config.max_age and not self._expiry_timer:
             self._schedule_expiry()
 
     def _publish_one(

@@ -360,6 +360,38 @@ class Stream:
         self.last_msg_id = msg_id
         return self._enforce_limits(meta.subject)
 
+    @property
+    def evicts(self) -> bool:
+        """Whether an append may evict older messages (a limit on count or bytes)."""
+        cfg = self.config
+        return cfg.max_msgs > 0 or cfg.max_bytes > 0 or cfg.max_msgs_per_subject > 0
+
+    def append_run(self, subject: str, sizes: list[int], ts: int) -> int:
+        """:meth:`append` without a msg id for messages of ``sizes`` bytes to ``subject``,
+        in one go; returns the first sequence. Only for a stream that does not
+        :attr:`evicts` (nothing to enforce between two appends)."""
+        st = self.state
+        first = st.last_seq + 1
+        end = first + len(sizes)
+        msgs = self._msgs
+        seq = first
+        for size in sizes:
+            msgs[seq] = MessageMeta(seq, subject, size, ts, 0)
+            seq += 1
+        self._order.extend(range(first, end))
+        dq = self._by_subject.get(subject)
+        if dq is None:
+            dq = self._by_subject[subject] = deque()
+        dq.extend(range(first, end))
+        if st.msgs == 0:
+            st.first_seq = first
+        st.msgs += len(sizes)
+        st.bytes += sum(sizes)
+        st.last_seq = end - 1
+        st.last_ts = ts
+        self.last_msg_id = ""
+        return first
+
     def _add(self, meta: MessageMeta) -> None:
         seq = meta.seq
         self._msgs[seq] = meta
