@@ -123,6 +123,8 @@ class ConsumerWorker:
         self._proxies = ProxyChoice()
         # X-Request-ID: unique, not secret; a random prefix and a counter cost no syscall.
         self._request_prefix = secrets.token_hex(6)
+        # The clear token, unsealed (two HMACs) once per sealed value, not per request.
+        self._token: tuple[str, str] = ("", "")
         self._requests = itertools.count()
 
     def start(self) -> None:
@@ -188,6 +190,13 @@ class ConsumerWorker:
         else:
             view.fail(job.seq)
 
+    def _token_of(self, consumer: Consumer) -> str:
+        sealed, clear = self._token
+        if sealed != consumer.sealed_token or not sealed:
+            clear = self.owner.service.registry.consumer_token(consumer)
+            self._token = (consumer.sealed_token, clear)
+        return clear
+
     async def _post(self, consumer: Consumer, job: JobInfo) -> bool:
         service = self.owner.service
         settings = self.owner.settings
@@ -199,7 +208,7 @@ class ConsumerWorker:
             "X-Broker-Message-Priority": str(view.priority),
             "X-Broker-Channel-ID": consumer.channel,
             "X-Broker-Consumer-ID": consumer.id,
-            settings.token_header: service.registry.consumer_token(consumer),
+            settings.token_header: self._token_of(consumer),
             "User-Agent": settings.user_agent,
             "X-Request-ID": f"{self._request_prefix}{next(self._requests) & 0xFFFFFFFF:08x}",
             "X-Broker-Message-ID": view.message_id,
