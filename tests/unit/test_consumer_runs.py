@@ -42,19 +42,45 @@ def _transcript(w: World, c: Consumer) -> list[Any]:
     ]
 
 
-def _run(scenario: Scenario, fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+class _RunSink(Sink):
+    """Takes whole runs, as the NATS front door does (every subscription is steady)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = 0
+
+    def steady(self, subject: str) -> bool:
+        return self.has_interest(subject)
+
+    def deliver_run(
+        self, consumer: Consumer, tos: list[str], metas: list[MessageMeta], replies: list[str]
+    ) -> None:
+        self.runs += 1
+        for to, meta, reply in zip(tos, metas, replies, strict=True):
+            self.deliver(consumer, to, meta, reply)
+
+
+# slow: one message at a time; each: the fast lane, delivering message by message;
+# runs: the fast lane handing whole runs to a sink that takes them.
+MODES = ("slow", "each", "runs")
+
+
+def _run(scenario: Scenario, mode: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     with monkeypatch.context() as m:
-        if not fast:
+        if mode == "slow":
             m.setattr(PullDelivery, "_deliver_run", lambda self, now: False)
         w = World(subjects=("s.>", "t.>"))
+        if mode == "runs":
+            w.sink = _RunSink()
         c = scenario(w)
         return _transcript(w, c)
 
 
 def _same(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    fast = _run(scenario, True, monkeypatch)
-    assert fast == _run(scenario, False, monkeypatch)
-    return fast
+    reference = _run(scenario, "slow", monkeypatch)
+    for mode in MODES[1:]:
+        assert _run(scenario, mode, monkeypatch) == reference, mode
+    return reference
 
 
 def test_round_robin_between_requests(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,6 +96,22 @@ def test_round_robin_between_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     assert msgs(events) == list(range(1, 9))
     targets = [e[1] for e in events if e[0] == "msg"]
     assert targets == ["_INBOX.a", "_INBOX.a", "_INBOX.a"] + ["_INBOX.b"] * 5
+
+
+def test_a_run_is_one_call() -> None:
+    w = World()
+    w.sink = sink = _RunSink()
+    c = w.consumer()
+    w.publish(n=8)
+    c.pull("_INBOX.a", b'{"batch": 4, "expires": 5000000000}')
+    c.pull("_INBOX.b", b'{"batch": 4, "expires": 5000000000}')
+    assert sink.runs == 2  # each request arrives with its messages waiting
+    c.pull("_INBOX.c", b'{"batch": 3, "expires": 5000000000}')
+    c.pull("_INBOX.d", b'{"batch": 3, "expires": 5000000000}')
+    sink.take()
+    w.publish(n=4)  # both wait: one run, taking turns
+    assert sink.runs == 3
+    assert [e[1][-1] for e in sink.take()] == ["c", "d", "c", "d"]
 
 
 def test_interleaving_when_both_wait(monkeypatch: pytest.MonkeyPatch) -> None:

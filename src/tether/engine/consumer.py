@@ -26,7 +26,7 @@ from tether.engine.clock import Clock, Timer
 from tether.engine.consumer_ack_subject import ack_format, first_delivery_format
 from tether.engine.consumer_acks import PRIORITY_KEY, AckHandling
 from tether.engine.consumer_config import ConsumerConfig, format_rfc3339, parse_rfc3339
-from tether.engine.consumer_io import ConsumerHost, DeliverySink
+from tether.engine.consumer_io import ConsumerHost, DeliverySink, RunSink
 from tether.engine.consumer_jobs import JobControl
 from tether.engine.consumer_pull import PullDelivery
 from tether.engine.consumer_push import FC_START, PushDelivery
@@ -64,6 +64,8 @@ class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
         self.created_ns = created_ns
         self.clock = clock
         self.sink = sink
+        # The sink as one that takes whole runs, if it is one (checked once: costly).
+        self.run_sink: RunSink | None = sink if isinstance(sink, RunSink) else None
         self.host = host
         self._me = self
         self.state = DeliveryState()

@@ -7,7 +7,7 @@ deletion). Keeping them this small keeps the engine free of I/O and easy to fake
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tether.storage.base import MessageMeta
 
@@ -32,6 +32,25 @@ class DeliverySink(Protocol):
 
     def backlog(self, consumer: Consumer) -> int:
         """How many deliveries the sink still holds for ``consumer`` (slow reads)."""
+
+
+@runtime_checkable
+class RunSink(DeliverySink, Protocol):
+    """A sink that also takes a run of messages at once (optional: the NATS front door).
+
+    A pull consumer delivers new messages in runs; with such a sink, it decides the
+    whole run first and hands it over in one call instead of one ``deliver`` each.
+    """
+
+    def steady(self, subject: str) -> bool:
+        """Whether ``subject`` has interest, and delivering to it changes nothing else
+        at once (no subscription that ends after a number of messages, no server-side
+        subscriber): then deliveries to it may be decided before they are written."""
+
+    def deliver_run(
+        self, consumer: Consumer, tos: list[str], metas: list[MessageMeta], replies: list[str]
+    ) -> None:
+        """``deliver(consumer, tos[i], metas[i], replies[i])`` for each ``i`` in order."""
 
 
 class ConsumerHost(Protocol):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from tether.engine import pull_queue as pq
 from tether.engine.clock import Clock
 from tether.engine.consumer_config import ConsumerConfig
-from tether.engine.consumer_io import DeliverySink
+from tether.engine.consumer_io import DeliverySink, RunSink
 from tether.engine.cursor import PriorityCursor, SequenceCursor
 from tether.engine.delivery_state import DeliveryState
 from tether.engine.pull_queue import PullRequest, PullRequestError
@@ -37,6 +37,7 @@ class PullDelivery:
     _me: Consumer  # the consumer itself, typed as such for the sink
     clock: Clock
     sink: DeliverySink
+    run_sink: RunSink | None
     config: ConsumerConfig
     cursor: SequenceCursor | PriorityCursor
     state: DeliveryState
@@ -226,8 +227,10 @@ class PullDelivery:
         :meth:`_commit` make one message at a time, with everything that cannot change
         during the run checked once (requests that expired, carry a byte budget or lost
         interest, redeliveries, the ack pending limit). Requests still take turns per
-        message, and each message is handed to the sink before the next is decided, so
-        a request dropped by a delivery (its subscription ended) gets no more.
+        message. When every request's reply subject is steady (see
+        :meth:`RunSink.steady`), the run is decided first and handed to the sink in one
+        call; otherwise each message goes to the sink before the next is decided, so a
+        request dropped by a delivery (its subscription ended) gets no more.
         """
         state = self.state
         cursor = self.cursor
@@ -235,11 +238,18 @@ class PullDelivery:
             return False
         waiting = self.waiting
         has_interest = self.sink.has_interest
+        run_sink = self.run_sink
+        steady = run_sink.steady if run_sink is not None else None
+        deliver_run = run_sink.deliver_run if run_sink is not None else None
         budget = 0
         for req in waiting:
             if req.max_bytes or (req.expires_at and now >= req.expires_at):
                 return False
-            if not has_interest(req.reply):
+            if steady is not None and steady(req.reply):
+                pass
+            elif has_interest(req.reply):
+                deliver_run = None
+            else:
                 return False
             budget += req.batch
         pending = state.pending
@@ -257,6 +267,8 @@ class PullDelivery:
         me = self._me
         dseq = self.dseq
         done = 0
+        tos: list[str] = []
+        replies: list[str] = []
         try:
             for meta in run:
                 if not waiting:
@@ -265,7 +277,11 @@ class PullDelivery:
                 seq = meta.seq
                 num_pending -= 1  # what is left after this one
                 reply = template % (seq, dseq + 1, meta.ts, num_pending if num_pending > 0 else 0)
-                deliver(me, req.reply, meta, reply)
+                if deliver_run is not None:
+                    tos.append(req.reply)
+                    replies.append(reply)
+                else:
+                    deliver(me, req.reply, meta, reply)
                 self.dseq = dseq = dseq + 1
                 entry = pending.pop(seq, None)  # as DeliveryState.track
                 pending[seq] = (dseq if entry is None else entry[0], now)
@@ -278,6 +294,8 @@ class PullDelivery:
                     self._finish(req, None)
                 elif len(waiting) > 1:
                     waiting.rotate(-1)
+            if tos and deliver_run is not None:
+                deliver_run(me, tos, run if done == len(run) else run[:done], replies)
         finally:
             if done:
                 cursor.take_run(run[done - 1], done)

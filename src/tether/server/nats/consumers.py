@@ -39,6 +39,7 @@ from tether.engine.consumer_config import (
 from tether.engine.consumer_registry import ConsumerRegistry
 from tether.engine.subjects import is_literal, subject_matches
 from tether.protocol.nats.commands import encode
+from tether.server.nats.connection import ClientConnection, ClientSubscription
 from tether.server.nats.jetstream import (
     ZERO_TIME,
     JetStreamApi,
@@ -403,6 +404,84 @@ class ConsumerApi:
         outbox.items.append((to, meta, reply, None))
         if outbox.task is None:
             outbox.task = asyncio.ensure_future(self._drain(consumer, outbox))
+
+    def steady(self, subject: str) -> bool:
+        m = self._match(subject)
+        if m.groups or len(m.plain) != 1:
+            return False
+        sub = m.plain[0]
+        # A subscription with an UNSUB maximum may end after any message; an internal
+        # one may do anything: those are delivered to one message at a time.
+        return type(sub) is ClientSubscription and sub.client is not None and not sub.max_msgs
+
+    def deliver_run(
+        self, consumer: Consumer, tos: list[str], metas: list[MessageMeta], replies: list[str]
+    ) -> None:
+        """The frames of a run go into each connection's buffer in one go.
+
+        Every ``to`` is steady (the consumer checked), so each is one client
+        subscription that stays put during the run. A message with headers, or one that
+        is not in the store's cache, takes the general path (after what came before it).
+        """
+        if consumer.config.headers_only or (self._outboxes and id(consumer) in self._outboxes):
+            for to, meta, reply in zip(tos, metas, replies, strict=True):
+                self.deliver(consumer, to, meta, reply)
+            return
+        cached = self._cached
+        name = consumer.stream.name
+        subject_bytes = self._subject_bytes
+        client: ClientConnection | None = None
+        sub: ClientSubscription | None = None
+        frames: list[bytes] = []
+        payload_bytes = 0
+        last_to = ""
+
+        def flush() -> None:
+            # What was gathered goes out before anything else is written to that client.
+            nonlocal payload_bytes
+            if frames and client is not None:
+                client.send_frames(frames, payload_bytes)
+                frames.clear()
+                payload_bytes = 0
+
+        for i, meta in enumerate(metas):
+            to = tos[i]
+            msg = cached(name, meta.seq)
+            if msg is None or msg.headers:
+                flush()
+                if msg is None:
+                    # A slow read: from here on everything waits behind it, in order.
+                    for j in range(i, len(metas)):
+                        self.deliver(consumer, tos[j], metas[j], replies[j])
+                    return
+                self.deliver(consumer, to, meta, replies[i])
+                continue
+            if to != last_to:
+                last_to = to
+                m = self._match(to)
+                found = m.plain[0] if len(m.plain) == 1 and not m.groups else None
+                sub = None  # not steady after all: the general path
+                if type(found) is ClientSubscription and not found.max_msgs:
+                    sub = found
+                if sub is not None and sub.client is not client:
+                    flush()
+                    client = sub.client
+            if sub is None or client is None:
+                flush()
+                self.deliver(consumer, to, meta, replies[i])
+                continue
+            sb = subject_bytes.get(msg.subject)
+            if sb is None:
+                if len(subject_bytes) > 4096:
+                    subject_bytes.clear()
+                sb = subject_bytes[msg.subject] = encode(msg.subject)
+            data = msg.data
+            sub.delivered += 1
+            frames.append(
+                b"MSG %s %s %s %d\r\n%s\r\n" % (sb, sub.sid_b, replies[i].encode(), len(data), data)
+            )
+            payload_bytes += len(data)
+        flush()
 
     def control(self, consumer: Consumer, to: str, block: bytes, reply: str = "") -> None:
         outbox = self._outboxes.get(id(consumer))
