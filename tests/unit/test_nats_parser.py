@@ -654,3 +654,49 @@ def test_encoders_exact() -> None:
     assert encode_info({"a": 1}) == b'INFO {"a":1} \r\n'  # nats-server's space before CRLF
     assert encode_connect({"verbose": False}) == b'CONNECT {"verbose":false}\r\n'
     assert encode_err("Slow Consumer") == b"-ERR 'Slow Consumer'\r\n"
+
+
+# PUB lines that differ only in their reply, and near misses of that shape: the parser
+# predicts such lines in one read, which must give what it gives a byte at a time (where
+# no next line is ever at hand, so nothing is predicted).
+_REPLIES = [b"r.1", b"r.2", b"_INBOX.x.3"]
+_ODD_REPLIES = [b"a\x0cb", b"a b", b"", b"r\t", b" r", b"a" * 70]
+
+
+@st.composite
+def _reply_run_frames(draw: st.DrawFn) -> bytes:
+    """A frame like ``PUB foo <reply> 1`` + ``a``; one part in a few is a near miss."""
+    parts = {"subj": b"foo", "sep": b" ", "rep": draw(st.sampled_from(_REPLIES))}
+    parts.update({"size": b"1", "data": b"a", "end": b"\r\n"})
+    odd = draw(st.sampled_from(["", "", "", "subj", "sep", "rep", "size", "data", "end"]))
+    if odd:
+        parts[odd] = draw(
+            st.sampled_from(
+                {
+                    "subj": [b"foo.bar", b"fo"],
+                    "sep": [b"  ", b"\t"],
+                    "rep": _ODD_REPLIES,
+                    "size": [b"2", b"01", b"x"],
+                    "data": [b"ab", b""],
+                    "end": [b"\n", b"xx"],
+                }[odd]
+            )
+        )
+    return b"PUB %s%s%s %s\r\n%s%s" % tuple(
+        parts[k] for k in ("subj", "sep", "rep", "size", "data", "end")
+    )
+
+
+@FUZZ
+@given(st.lists(_reply_run_frames(), max_size=12), st.sampled_from([b"", b"PING\r\n", b"PUB foo"]))
+def test_pubs_with_replies_in_one_read_parse_as_byte_by_byte(
+    frames: list[bytes], trailer: bytes
+) -> None:
+    data = b"".join(frames) + trailer
+    kwargs: dict[str, Any] = {"max_control_line": 64, "server_side": True}
+    whole_calls, whole_error = parse(data, **kwargs)
+    calls, error = parse([data[i : i + 1] for i in range(len(data))], **kwargs)
+    assert whole_calls == calls
+    assert (whole_error is None) == (error is None)
+    if whole_error is not None and error is not None:
+        assert (whole_error.message, whole_error.silent) == (error.message, error.silent)

@@ -356,8 +356,44 @@ class Parser:
                     raise ProtocolError(UNKNOWN_OPERATION)
                 h.on_pub(subject, reply, buf[pos : end - 2])
                 pos = end
+                if argc == 4:
+                    pos = self._reply_run(buf, pos, raw_subject, raw, subject, size)
                 continue
             self._op(line, parts, h)
+        return pos
+
+    def _reply_run(
+        self, buf: bytes, pos: int, raw_subject: bytes, raw_size: bytes, subject: str, size: int
+    ) -> int:
+        """PUBs like the one just parsed but for their reply, from ``pos``: a publisher
+        awaiting an ack per message (a fresh inbox each). Such lines are predicted
+        around the reply, which is all that is split and decoded; a line that is not
+        exactly that, or a frame that is not complete, is left to the general path.
+        Returns the position after the last frame handled."""
+        head = b"PUB " + raw_subject + b" "
+        tail = b" " + raw_size + b"\r"
+        hl = len(head)
+        tl = len(tail)
+        n = len(buf)
+        max_line = self.max_control_line
+        on_pub = self._handler.on_pub
+        startswith = buf.startswith
+        while startswith(head, pos):
+            nl = buf.find(b"\n", pos + hl)
+            if nl < 0 or nl - pos > max_line or not buf.endswith(tail, pos, nl):
+                break
+            # What the general path's split would make of it: exactly one reply token.
+            reply_parts = buf[pos + hl : nl - tl].split()
+            if len(reply_parts) != 1:
+                break
+            start = nl + 1
+            end = start + size + 2
+            if end > n:
+                break
+            if buf[end - 2] != 13 or buf[end - 1] != 10:
+                raise ProtocolError(UNKNOWN_OPERATION)
+            on_pub(subject, reply_parts[0].decode("utf-8", "surrogateescape"), buf[start : end - 2])
+            pos = end
         return pos
 
     def _partial(self, buf: bytes, pos: int) -> int:
