@@ -12,7 +12,8 @@ then measures, each on the whole stream:
 * ``streaming``: ``readStream`` with ``maxOffsetsPerTrigger`` into the ``noop`` sink,
   ``availableNow`` trigger: end-to-end rows/s including micro-batch planning.
 
-Rows/s = messages / wall time of the Spark action (session start excluded). Tether
+Rows/s = messages / wall time of the Spark action (session and Python worker start
+excluded: a small read warms the workers up first). Tether
 and nats-server (``-js``, file store) are measured in the same run, one after the
 other with the same Spark session, and a table with the ratios closes the output.
 
@@ -107,6 +108,16 @@ def timed(action: Any) -> float:
 def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, float]:
     results: dict[str, float] = {}
     n = args.messages
+    # Warm up: the first action of a session starts the Python workers (seconds).
+    warm = (
+        spark.read.format("tether")
+        .option("servers", url)
+        .option("stream", "BENCH")
+        .option("endingOffsets", str(min(n, 1000) + 1))
+        .option("minPartitions", str(args.partitions))
+        .load()
+    )
+    warm.selectExpr("count(*)").collect()
     for label, fmt in (("batch, Arrow", "tether"), ("batch, tuples", "tether_tuples")):
         df = (
             spark.read.format(fmt)
