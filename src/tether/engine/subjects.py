@@ -386,14 +386,21 @@ class SubjectIndex(Generic[T]):
         prefix, dot, last = subject.rpartition(".")
         if not dot:
             return self.match_once(subject)
+        match, exceptions = self.family(prefix)
+        if last in exceptions:
+            return self.match_once(subject)
+        return match
+
+    def family(self, prefix: str) -> tuple[Match[T], frozenset[str]]:
+        """The match of every subject ``prefix.<token>`` but for the tokens returned,
+        which need :meth:`match` (see :meth:`match_family`); cached until the index
+        changes. ``prefix`` is assumed to be a valid literal subject."""
         family = self._families.get(prefix)
         if family is None:
             if len(self._families) >= 1024:
                 self._families.clear()
             family = self._families[prefix] = self._compute_family(prefix)
-        if last in family[1]:
-            return self.match_once(subject)
-        return family[0]
+        return family
 
     def _compute_family(self, prefix: str) -> tuple[Match[T], frozenset[str]]:
         """:meth:`_compute` of ``prefix.<token>`` for a token no literal child is named."""

@@ -196,38 +196,40 @@ class Router:
     def publish_replies(self, replies: list[str], bodies: list[bytes]) -> None:
         """``publish(None, reply, "", None, body)`` for each pair, in order (PubAcks).
 
-        Every reply is usually a different inbox of the same few clients: the
-        subscribers are found per inbox prefix (:meth:`SubjectIndex.match_family`)
-        and the frames for one client are appended to its buffer in one go. An empty
-        reply is skipped (nobody asked).
+        Every reply is usually a different inbox of the same few clients, with one
+        subscription per client on ``<prefix>.*``: the subscriber is found once per
+        prefix (:meth:`SubjectIndex.family`) and the frames for one client are appended
+        to its buffer in one go. Anything else takes the general path. An empty reply
+        is skipped (nobody asked).
         """
-        match_family = self.index.match_family
+        prefix: str | None = None
+        sub: ClientSubscription | None = None
+        exceptions: frozenset[str] = frozenset()
         client: ClientConnection | None = None
         frames: list[bytes] = []
         payload_bytes = 0
         for reply, body in zip(replies, bodies, strict=True):
             if not reply:
                 continue
-            if not (".." in reply or reply[0] == "." or reply[-1] == "."):
-                m = match_family(reply)
-                if len(m.plain) == 1 and not m.groups:
-                    sub = m.plain[0]
-                    owner = sub.client
-                    # A subscription with an UNSUB maximum may go away after this very
-                    # message: those take the general path, which counts.
-                    if type(sub) is ClientSubscription and owner is not None and not sub.max_msgs:
-                        if owner is not client:
-                            if frames and client is not None:
-                                client.send_frames(frames, payload_bytes)
-                                frames = []
-                                payload_bytes = 0
-                            client = owner
-                        sub.delivered += 1
-                        frames.append(
-                            b"MSG %s %s %d\r\n%s\r\n" % (encode(reply), sub.sid_b, len(body), body)
-                        )
-                        payload_bytes += len(body)
-                        continue
+            head, _, last = reply.rpartition(".")
+            if head != prefix:
+                prefix = head
+                sub, exceptions = self._reply_target(head)
+            if sub is not None and last and last not in exceptions:
+                owner = sub.client
+                if owner is not client:
+                    if frames and client is not None:
+                        client.send_frames(frames, payload_bytes)
+                        frames = []
+                        payload_bytes = 0
+                    client = owner
+                sub.delivered += 1
+                frames.append(
+                    b"MSG %s %s %d\r\n%s\r\n"
+                    % (reply.encode("utf-8", "surrogateescape"), sub.sid_b, len(body), body)
+                )
+                payload_bytes += len(body)
+                continue
             if frames and client is not None:
                 client.send_frames(frames, payload_bytes)
                 frames = []
@@ -235,6 +237,21 @@ class Router:
             self.publish(None, reply, "", None, body)
         if frames and client is not None:
             client.send_frames(frames, payload_bytes)
+
+    def _reply_target(self, prefix: str) -> tuple[ClientSubscription | None, frozenset[str]]:
+        """The one client subscription every ``prefix.<token>`` goes to (but for the
+        tokens returned), when it can take frames directly: no queue group, no UNSUB
+        maximum (it could go away after any message). Valid for one call of
+        :meth:`publish_replies`: nothing there adds subscriptions, and the only one
+        that may go away (a maximum reached on the general path) is not this one."""
+        if not prefix or prefix[0] == "." or prefix[-1] == "." or ".." in prefix:
+            return None, frozenset()  # a malformed reply: the general path decides
+        m, exceptions = self.index.family(prefix)
+        if len(m.plain) == 1 and not m.groups:
+            sub = m.plain[0]
+            if type(sub) is ClientSubscription and sub.client is not None and not sub.max_msgs:
+                return sub, exceptions
+        return None, exceptions
 
     def no_interest(self, origin: ClientConnection, subject: str, reply: str) -> None:
         """A publish that matches nobody by construction (a malformed subject)."""
