@@ -166,10 +166,6 @@ async def test_server_restart_while_pulling_loses_nothing(
 ) -> None:
     """Stop the server mid-stream and start it again: every message still arrives, and a
     message seen twice is a redelivery (a higher delivery count), never a client repeat."""
-    if server.kind == "nats-server":
-        # Intermittently the first pulls against a fresh nats-server get a 503 (no
-        # responders) before any restart; not yet understood, tracked in the notes.
-        request.applymarker(pytest.mark.xfail(reason="intermittent 503 on nats-server"))
     seen = await consume_across_restart(server, "stop")
     for seq, deliveries in seen.items():
         assert deliveries == sorted(set(deliveries)), (seq, deliveries)

@@ -7,6 +7,12 @@ so we count what is owed in aggregate: every message pays one back, and a reques
 that ends early (408 at expiry, 409 limits) reports how many it never sent in its
 ``Nats-Pending-Messages`` header. A reconnect or two missed heartbeats mean the
 server forgot our requests: nothing is owed any more, and we pull again.
+
+A 503 (no responders) means no consumer answered the request: the server is still
+restoring its consumers after a restart, or the consumer is gone. As in nats.go's
+``Consume``, that is reported to the connection's error callback, not raised: the
+request is forgotten and pulled again after a backoff (0.1 s doubling to 2 s), so a
+stream rides out a server restart. A 409 ``Consumer Deleted`` still ends the stream.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from tether.client.message import (
     STATUS_CONFLICT,
     STATUS_CONTROL,
     STATUS_NO_MESSAGES,
+    STATUS_NO_RESPONDERS,
     STATUS_REQUEST_TIMEOUT,
     JsMsg,
 )
@@ -26,6 +33,10 @@ from tether.client.pull import expires_ns, status_error
 
 if TYPE_CHECKING:
     from tether.client.pull import PullSubscription
+
+# Pull again this long after a 503, doubling per 503 in a row.
+_RETRY_FIRST = 0.1
+_RETRY_MAX = 2.0
 
 # 409 reasons that end one request but leave the consumer usable.
 _TRANSIENT_409 = ("exceeded maxwaiting", "batch completed", "message size exceeds maxbytes")
@@ -58,6 +69,8 @@ class MessageStream:
         self._last_activity = self._loop.time()
         self._activity = 0
         self._seen_activity = 0
+        self._retry_at = 0.0  # no pull before this loop time (after a 503)
+        self._retry_delay = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self._error: ClientError | None = None
         self._started = False
@@ -73,6 +86,10 @@ class MessageStream:
     def _top_up(self) -> None:
         if self.stopped or not self._conn.is_connected:
             return
+        if self._retry_at:
+            if self._loop.time() < self._retry_at:
+                return
+            self._retry_at = 0.0  # the delay doubles until a message arrives
         have = len(self._sub._buffer) + self._owed
         if have > self.threshold:
             return
@@ -109,6 +126,8 @@ class MessageStream:
     async def _wait(self) -> None:
         waiter = self._waiter = self._loop.create_future()
         timeout = self.heartbeat if self.heartbeat else self.expires
+        if self._retry_at:
+            timeout = min(timeout, max(0.01, self._retry_at - self._loop.time()))
         try:
             await asyncio.wait((waiter,), timeout=timeout)
         finally:
@@ -137,6 +156,8 @@ class MessageStream:
     def _feed_message(self, msg: JsMsg) -> None:
         if self._owed:
             self._owed -= 1
+        if self._retry_delay:
+            self._retry_at = self._retry_delay = 0.0
         self._activity += 1  # turned into a time in _wait(): no clock read per message
         self._sub._buffer.append(msg)
         waiter = self._waiter
@@ -153,6 +174,15 @@ class MessageStream:
         ):
             # One request ended; without a count we cannot tell how much it still owed.
             self._owed = max(0, self._owed - pending) if pending else 0
+            self._wake()
+            return
+        if status == STATUS_NO_RESPONDERS:
+            # Every request of ours went unanswered the same way: forget them all.
+            self._owed = 0
+            delay = min(_RETRY_MAX, self._retry_delay * 2) if self._retry_delay else _RETRY_FIRST
+            self._retry_delay = delay
+            self._retry_at = self._loop.time() + delay
+            self._conn._report(status_error(status, description))
             self._wake()
             return
         self._error = status_error(status, description)
