@@ -161,9 +161,7 @@ async def consume_across_restart(server: PeerServer, restart: str) -> dict[int, 
         return seen
 
 
-async def test_server_restart_while_pulling_loses_nothing(
-    server: PeerServer, request: pytest.FixtureRequest
-) -> None:
+async def test_server_restart_while_pulling_loses_nothing(server: PeerServer) -> None:
     """Stop the server mid-stream and start it again: every message still arrives, and a
     message seen twice is a redelivery (a higher delivery count), never a client repeat."""
     seen = await consume_across_restart(server, "stop")
