@@ -115,3 +115,25 @@ def test_small_blocks_and_windows_cover_the_range_once(url: str, method: str) ->
     table = pa.Table.from_batches(list(read_partition(part)))
     assert table.column("seq").to_pylist() == list(range(1, 61))
     assert table.column("value").to_pylist() == [m[1] for m in MESSAGES]
+
+
+@pytest.mark.parametrize("wanted", ["auto", "bulk", "direct", "consumer"])
+def test_read_method_follows_the_server(
+    url: str, wanted: str, request: pytest.FixtureRequest
+) -> None:
+    """``auto`` reads Tether in blocks and nats-server with DIRECT.GET; ``bulk`` on
+    nats-server is refused when the query is planned, naming the option."""
+    from tether.spark import planning
+
+    opts = read_options(
+        CaseInsensitiveDict({"servers": url, "stream": "F", "readMethod": wanted}),
+        streaming=False,
+    )
+    info = _runtime.run(_runtime.stream_info(opts.conn, "F"))
+    on_tether = request.node.callspec.params.get("url") == "tether"
+    if wanted == "bulk" and not on_tether:
+        with pytest.raises(TetherSparkError, match=r"'readMethod' is 'bulk'.*not a Tether"):
+            _runtime.run(planning.read_method(opts, info))
+        return
+    expected = {"auto": "bulk" if on_tether else "direct"}.get(wanted, wanted)
+    assert _runtime.run(planning.read_method(opts, info)) == expected
