@@ -88,12 +88,13 @@ class JetStream(Publisher):
         ``subjects`` keeps only matching messages; ``headers=False`` leaves stored headers
         out. Raises :class:`NotSupported` against nats-server. See docs/client.md.
         """
-        if end is not None:
+
+        def blocks(stop: int) -> AsyncIterator[MessageBlock]:
             return read_blocks(
                 self.conn,
                 stream,
                 start,
-                end,
+                stop,
                 subjects=subjects,
                 headers=headers,
                 window=window,
@@ -102,21 +103,12 @@ class JetStream(Publisher):
                 timeout=self.timeout,
             )
 
+        if end is not None:
+            return blocks(end)
+
         async def to_the_end() -> AsyncIterator[MessageBlock]:
             info = await self.stream_info(stream)
-            blocks = read_blocks(
-                self.conn,
-                stream,
-                start,
-                max(start, info.state.last_seq + 1),
-                subjects=subjects,
-                headers=headers,
-                window=window,
-                ahead=ahead,
-                max_bytes=max_bytes,
-                timeout=self.timeout,
-            )
-            async for block in blocks:
+            async for block in blocks(max(start, info.state.last_seq + 1)):
                 yield block
 
         return to_the_end()

@@ -147,9 +147,20 @@ def _binary(items: list[bytes]) -> Any:
 class _Chunk:
     """Columns of one server batch, filled by the loop thread."""
 
-    __slots__ = ("done", "headers", "last", "pending", "seqs", "stamps", "subjects", "values")
+    __slots__ = (
+        "done",
+        "headers",
+        "last",
+        "pending",
+        "seqs",
+        "stamps",
+        "stamps_are_text",
+        "subjects",
+        "values",
+    )
 
-    def __init__(self, with_headers: bool) -> None:
+    def __init__(self, with_headers: bool, stamps_are_text: bool) -> None:
+        self.stamps_are_text = stamps_are_text
         self.seqs: list[int] = []
         self.subjects: list[bytes] = []
         self.values: list[bytes] = []
@@ -159,13 +170,17 @@ class _Chunk:
         self.pending = -1
         self.done = False
 
-    def to_batch(self, stream: str, include_headers: bool, stamps_are_text: bool) -> Any:
+    @property
+    def count(self) -> int:
+        return len(self.seqs)
+
+    def to_batch(self, stream: str, include_headers: bool) -> Any:
         import pyarrow as pa
 
         schema = arrow_schema(include_headers)
         ts_type = schema.field("timestamp").type
         n = len(self.seqs)
-        if stamps_are_text:
+        if self.stamps_are_text:
             ns = pa.array(self.stamps, pa.binary()).cast(pa.string())
             ns = ns.cast(pa.timestamp("ns", tz="UTC"))
         else:
@@ -185,8 +200,6 @@ class _Chunk:
 class _DirectReader:
     """Batched DIRECT.GET over one inbox subscription."""
 
-    stamps_are_text = True
-
     def __init__(self, p: RangePartition) -> None:
         self.p = p
         self.next = p.start
@@ -205,7 +218,7 @@ class _DirectReader:
         if self.sub is None:
             self.inbox = conn.new_inbox()
             self.sub = await conn.subscribe(self.inbox, cb=self._on_msg)
-        chunk = self.chunk = _Chunk(p.include_headers)
+        chunk = self.chunk = _Chunk(p.include_headers, stamps_are_text=True)
         self.waiter = asyncio.get_running_loop().create_future()
         body: dict[str, Any] = {
             "seq": self.next,
@@ -318,8 +331,6 @@ class _DirectReader:
 class _ConsumerReader:
     """An ephemeral pull consumer from the range start, for streams without allow_direct."""
 
-    stamps_are_text = False
-
     def __init__(self, p: RangePartition) -> None:
         self.p = p
         self.name = f"spark-{uuid.uuid4().hex[:16]}"
@@ -330,7 +341,7 @@ class _ConsumerReader:
     async def next_chunk(self) -> _Chunk:
         p = self.p
         js = await _runtime.jetstream(p.conn)
-        chunk = _Chunk(p.include_headers)
+        chunk = _Chunk(p.include_headers, stamps_are_text=False)
         if self.sub is None:
             config = ConsumerConfig(
                 name=self.name,
@@ -435,78 +446,80 @@ def block_to_batch(block: MessageBlock, stream: str, include_headers: bool) -> A
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _read_blocks(p: RangePartition) -> Iterator[Any]:
-    """The range through Tether's block reads, one record batch per block."""
+class _BlockChunk:
+    """One message block (Tether's block reads) as a chunk of the read loop."""
 
-    async def open_blocks() -> AsyncIterator[MessageBlock]:
-        js = await _runtime.jetstream(p.conn)
-        return js.read_blocks(
-            p.stream,
-            p.start,
-            p.end,
-            subjects=p.subjects,
-            headers=p.include_headers,
-            window=max(1, p.batch_size),
-            max_bytes=max(1024, p.max_bytes),
-        )
+    __slots__ = ("block", "done")
 
-    async def next_block(blocks: AsyncIterator[MessageBlock]) -> MessageBlock | None:
+    def __init__(self, block: MessageBlock | None) -> None:
+        self.block = block
+        self.done = block is None
+
+    @property
+    def count(self) -> int:
+        return 0 if self.block is None else self.block.count
+
+    def to_batch(self, stream: str, include_headers: bool) -> Any:
+        assert self.block is not None
+        return block_to_batch(self.block, stream, include_headers)
+
+
+class _BlockReader:
+    """The range through ``JetStream.read_blocks``: one chunk per block."""
+
+    def __init__(self, p: RangePartition) -> None:
+        self.p = p
+        self.blocks: AsyncIterator[MessageBlock] | None = None
+
+    async def next_chunk(self) -> _BlockChunk:
+        p = self.p
         try:
-            return await anext(blocks)
+            if self.blocks is None:
+                js = await _runtime.jetstream(p.conn)
+                self.blocks = js.read_blocks(
+                    p.stream,
+                    p.start,
+                    p.end,
+                    subjects=p.subjects,
+                    headers=p.include_headers,
+                    window=max(1, p.batch_size),
+                    max_bytes=max(1024, p.max_bytes),
+                )
+            return _BlockChunk(await anext(self.blocks))
         except StopAsyncIteration:
-            return None
+            return _BlockChunk(None)
         except NotSupported as exc:
             raise TetherSparkError(f"{exc} (option 'readMethod')") from None
         except ClientError as exc:
             raise TetherSparkError(f"reading stream {p.stream!r} failed: {exc}") from None
 
-    blocks = _runtime.run(open_blocks())
-    pending: concurrent.futures.Future[MessageBlock | None] | None = _runtime.submit(
-        next_block(blocks)
-    )
-    try:
-        while pending is not None:
-            block = pending.result()
-            if block is None:
-                pending = None
-                break
-            # Ask for the next block before handing this one to Spark.
-            pending = _runtime.submit(next_block(blocks))
-            if block.count:
-                yield block_to_batch(block, p.stream, p.include_headers)
-    finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                pending.result(timeout=p.conn.timeout)
-        with contextlib.suppress(Exception):
-            _runtime.run(_close_blocks(blocks))
-
-
-async def _close_blocks(blocks: AsyncIterator[MessageBlock]) -> None:
-    aclose = getattr(blocks, "aclose", None)
-    if aclose is not None:
-        await aclose()
+    async def close(self) -> None:
+        aclose = getattr(self.blocks, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def read_partition(p: RangePartition) -> Iterator[Any]:
     """Yield the range's messages as Arrow record batches (runs in a Spark task)."""
     if p.start >= p.end:
         return
+    reader: _BlockReader | _DirectReader | _ConsumerReader
     if p.method == "bulk":
-        yield from _read_blocks(p)
-        return
-    reader: _DirectReader | _ConsumerReader = (
-        _DirectReader(p) if p.method == "direct" else _ConsumerReader(p)
+        reader = _BlockReader(p)
+    elif p.method == "direct":
+        reader = _DirectReader(p)
+    else:
+        reader = _ConsumerReader(p)
+    pending: concurrent.futures.Future[_Chunk | _BlockChunk] | None = _runtime.submit(
+        reader.next_chunk()
     )
-    pending: concurrent.futures.Future[_Chunk] | None = _runtime.submit(reader.next_chunk())
     try:
         while pending is not None:
             chunk = pending.result()
             # Ask for the next batch before handing this one to Spark.
             pending = None if chunk.done else _runtime.submit(reader.next_chunk())
-            if chunk.seqs:
-                yield chunk.to_batch(p.stream, p.include_headers, reader.stamps_are_text)
+            if chunk.count:
+                yield chunk.to_batch(p.stream, p.include_headers)
     finally:
         if pending is not None:
             pending.cancel()
