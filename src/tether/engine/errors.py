@@ -20,6 +20,11 @@ def bad_request(description: str = "bad request") -> ApiError:
     return ApiError(400, 10003, description)
 
 
+def managed_by_http(what: str, instead: str) -> ApiError:
+    """A NATS request that would pull an HTTP API consumer out from under it."""
+    return ApiError(400, 10003, f"{what} is managed by the HTTP API; use {instead}")
+
+
 def invalid_json(detail: str = "") -> ApiError:
     # nats-server appends its decoder's message; ours is msgspec's.
     return ApiError(400, 10025, f"invalid JSON: {detail or 'malformed request'}")

@@ -48,6 +48,12 @@ OWNER_KEY = "tether.owner"
 OWNER = "webhook-broker"
 
 
+def owned_by_http(config: ConsumerConfig) -> bool:
+    """Whether a durable consumer is the engine side of an HTTP (webhook-broker) consumer."""
+    metadata = config.metadata
+    return metadata is not None and metadata.get(OWNER_KEY) == OWNER
+
+
 class JobError(Exception):
     """A refused request on a job (the HTTP layer answers 400 with the text)."""
 

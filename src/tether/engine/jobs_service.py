@@ -62,6 +62,11 @@ def subject(channel_id: str) -> str:
     return SUBJECT_PREFIX + channel_id
 
 
+def channel_id(stream: str) -> str:
+    """The channel a ``WB_`` stream carries."""
+    return stream.removeprefix(STREAM_PREFIX)
+
+
 class DuplicateMessage(Exception):
     """``X-Broker-Message-ID`` already used in the channel (409)."""
 

@@ -37,6 +37,8 @@ from tether.engine.consumer_config import (
     path_separators,
 )
 from tether.engine.consumer_registry import ConsumerRegistry
+from tether.engine.jobs import owned_by_http
+from tether.engine.jobs_service import channel_id
 from tether.engine.subjects import is_literal, subject_matches
 from tether.protocol.nats.commands import encode
 from tether.server.nats.connection import ClientConnection, ClientSubscription
@@ -242,6 +244,13 @@ class ConsumerApi:
 
     async def _delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         stream, name = self._two_names(args)
+        consumer = self.registry.get(stream, name)
+        if owned_by_http(consumer.config):
+            # The HTTP consumer (token, callback, jobs) would be left without its engine.
+            raise errors.managed_by_http(
+                f"consumer {name!r}",
+                f"DELETE /channel/{channel_id(stream)}/consumer/{name} on the HTTP API",
+            )
         await self.registry.delete(stream, name)
         return {"success": True}
 

@@ -20,6 +20,7 @@ import msgspec
 
 from tether.engine import errors
 from tether.engine.broker import Broker
+from tether.engine.jobs import owned_by_http
 from tether.engine.stream import Stream
 from tether.engine.subjects import filters_overlap
 from tether.protocol.nats.commands import encode
@@ -464,7 +465,16 @@ class JetStreamApi:
         )
 
     async def _stream_delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        await self.broker.delete_stream(self._one_name(args))
+        name = self._one_name(args)
+        registry = self.broker.consumers
+        if registry is not None and name in self.broker.streams:
+            owned = [c.name for c in registry.consumers_of(name) if owned_by_http(c.config)]
+            if owned:
+                raise errors.managed_by_http(
+                    f"stream {name!r} (a channel with HTTP consumers {', '.join(owned)})",
+                    "the HTTP API to delete its consumers first",
+                )
+        await self.broker.delete_stream(name)
         return {"success": True}
 
     async def _stream_purge(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
