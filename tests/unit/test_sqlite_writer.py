@@ -38,3 +38,22 @@ async def test_appends_of_any_count_are_all_stored(tmp_path: Path, count: int) -
         assert await store.load_last_seq("A") == count
     finally:
         await store.close()
+
+
+def test_the_message_cache_mirrors_committed_appends() -> None:
+    from tether.storage.sqlite import _MessageCache
+
+    def m(seq: int, data: bytes) -> StoredMessage:
+        return StoredMessage(seq, "s", b"", data, 0, 0)
+
+    cache = _MessageCache(limit=3 * (1 + 16 + 10))  # three messages of 10 bytes
+    cache.apply([(0, "A", m(1, b"a" * 10)), (0, "A", m(2, b"b" * 10))])
+    cache.apply([(0, "A", m(2, b"c" * 10))])  # stored again: replaces, counted once
+    assert cache.get("A", 2) == m(2, b"c" * 10)
+    cache.apply([(0, "A", m(3, b"x" * 200))])  # larger than the whole cache: not kept
+    assert cache.get("A", 3) is None
+    cache.apply([(0, "B", m(1, b"d" * 10)), (0, "B", m(2, b"e" * 10))])
+    # Four of 10 bytes for room for three: the oldest (A 1) went first.
+    assert [cache.get("A", 1), cache.get("A", 2) is not None, len(cache)] == [None, True, 3]
+    cache.apply([(3, "B", (1, 2))])
+    assert len(cache) == 1 and cache.get("A", 2) is not None

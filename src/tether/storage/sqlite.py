@@ -399,23 +399,29 @@ class _MessageCache:
         entries, limit = self._entries, self._limit
         pop = entries.pop
         size = self._size
+        setdefault = entries.setdefault
         for op in ops:
             if op[0] == APPEND:
                 m = op[2]
                 key = (op[1], m.seq)
-                prev = pop(key, None)
-                if prev is not None:
+                # One dict operation for the usual new sequence (and _size() inlined):
+                # this runs on the loop for every committed message.
+                prev = setdefault(key, m)
+                if prev is not m:  # a sequence stored again replaces the old one
                     size -= _size(prev)
-                m_size = _size(m)
-                if m_size <= limit:
+                    del entries[key]
                     entries[key] = m
+                m_size = len(m.subject) + len(m.headers) + len(m.data) + 16
+                if m_size <= limit:
                     size += m_size
+                else:
+                    del entries[key]
             elif op[0] == DELETE_MESSAGES:
                 stream = op[1]
                 for seq in op[2]:
-                    prev = pop((stream, seq), None)
-                    if prev is not None:
-                        size -= _size(prev)
+                    gone = pop((stream, seq), None)
+                    if gone is not None:
+                        size -= _size(gone)
             elif op[0] == DELETE_RANGE:
                 size -= self._drop_range(op[1], op[2], op[3])
             elif op[0] == DELETE_STREAM:
