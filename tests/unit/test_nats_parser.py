@@ -79,11 +79,13 @@ class Recorder:
         self.calls.append(("err", message))
 
 
-def parse(chunks: list[bytes] | bytes, **kwargs: Any) -> tuple[list[Call], ProtocolError | None]:
+def parse(
+    chunks: list[bytes] | bytes, recorder: Recorder | None = None, **kwargs: Any
+) -> tuple[list[Call], ProtocolError | None]:
     """Feed the chunks; the calls made, and the error that stopped parsing (if any)."""
     if isinstance(chunks, bytes):
         chunks = [chunks]
-    rec = Recorder()
+    rec = Recorder() if recorder is None else recorder
     parser = Parser(rec, **kwargs)
     for chunk in chunks:
         try:
@@ -694,9 +696,19 @@ def test_pubs_with_replies_in_one_read_parse_as_byte_by_byte(
 ) -> None:
     data = b"".join(frames) + trailer
     kwargs: dict[str, Any] = {"max_control_line": 64, "server_side": True}
-    whole_calls, whole_error = parse(data, **kwargs)
     calls, error = parse([data[i : i + 1] for i in range(len(data))], **kwargs)
-    assert whole_calls == calls
-    assert (whole_error is None) == (error is None)
-    if whole_error is not None and error is not None:
-        assert (whole_error.message, whole_error.silent) == (error.message, error.silent)
+    for recorder in (Recorder(), RunRecorder()):  # handed over one by one, or as runs
+        whole_calls, whole_error = parse(data, recorder=recorder, **kwargs)
+        assert whole_calls == calls
+        assert (whole_error is None) == (error is None)
+        if whole_error is not None and error is not None:
+            assert (whole_error.message, whole_error.silent) == (error.message, error.silent)
+
+
+class RunRecorder(Recorder):
+    """Takes runs of PUBs (``on_pub_run``), recorded as the PUBs they stand for."""
+
+    def on_pub_run(self, subject: str, replies: list[str], payloads: list[bytes]) -> None:
+        assert len(replies) == len(payloads) > 0
+        for reply, payload in zip(replies, payloads, strict=True):
+            self.calls.append(("pub", subject, reply, payload))

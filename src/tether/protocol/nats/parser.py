@@ -19,6 +19,7 @@ What counts as an error, and which error, follows nats-server's own parser:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from tether.protocol.nats.errors import (
@@ -59,6 +60,14 @@ class Handler(Protocol):
     ) -> None: ...
     def on_ok(self) -> None: ...
     def on_err(self, message: str) -> None: ...
+
+
+class RunHandler(Handler, Protocol):
+    """A handler that also takes consecutive PUBs to one subject, without headers,
+    in one call: the same as ``on_pub`` for each, in order. The parser uses it when
+    the handler has it, for PUBs it predicts in one read (see ``Parser._reply_run``)."""
+
+    def on_pub_run(self, subject: str, replies: list[str], payloads: list[bytes]) -> None: ...
 
 
 # Payload kinds awaiting their bytes.
@@ -177,6 +186,7 @@ class Parser:
         "_hsize",
         "_kind",
         "_need",
+        "_on_pub_run",
         "_pub_lines",
         "_subjects",
         "max_control_line",
@@ -193,6 +203,10 @@ class Parser:
         server_side: bool = False,
     ) -> None:
         self._handler = handler
+        # A handler may take runs of PUBs to one subject in one call (see RunHandler).
+        self._on_pub_run: Callable[[str, list[str], list[bytes]], None] | None = getattr(
+            handler, "on_pub_run", None
+        )
         self.max_payload = max_payload
         self.max_control_line = max_control_line
         self.server_side = server_side
@@ -377,6 +391,9 @@ class Parser:
         n = len(buf)
         max_line = self.max_control_line
         on_pub = self._handler.on_pub
+        on_pub_run = self._on_pub_run
+        replies: list[str] = []
+        payloads: list[bytes] = []
         startswith = buf.startswith
         while startswith(head, pos):
             nl = buf.find(b"\n", pos + hl)
@@ -391,9 +408,18 @@ class Parser:
             if end > n:
                 break
             if buf[end - 2] != 13 or buf[end - 1] != 10:
+                if payloads and on_pub_run is not None:
+                    on_pub_run(subject, replies, payloads)  # the frames before the error
                 raise ProtocolError(UNKNOWN_OPERATION)
-            on_pub(subject, reply_parts[0].decode("utf-8", "surrogateescape"), buf[start : end - 2])
+            reply = reply_parts[0].decode("utf-8", "surrogateescape")
+            if on_pub_run is None:
+                on_pub(subject, reply, buf[start : end - 2])
+            else:
+                replies.append(reply)
+                payloads.append(buf[start : end - 2])
             pos = end
+        if payloads and on_pub_run is not None:
+            on_pub_run(subject, replies, payloads)
         return pos
 
     def _partial(self, buf: bytes, pos: int) -> int:

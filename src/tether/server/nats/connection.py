@@ -470,6 +470,25 @@ class ClientConnection(asyncio.Protocol):
             self.write(OK)
         self._publish(self, subject, reply, None, payload)  # the router checks the subject
 
+    def on_pub_run(self, subject: str, replies: list[str], payloads: list[bytes]) -> None:
+        """Consecutive PUBs to ``subject`` parsed in one go: ``on_pub`` for each."""
+        if not self._runs:
+            for reply, payload in zip(replies, payloads, strict=True):
+                self.on_pub(subject, reply, payload)
+            return
+        self.in_msgs += len(payloads)
+        self.in_bytes += sum(map(len, payloads))
+        if subject != self._run_subject:
+            if self._run_payloads:
+                self._end_run()
+            self._run_subject = subject
+        if self._run_payloads:
+            self._run_replies += replies
+            self._run_payloads += payloads
+        else:  # the parser hands the lists over
+            self._run_replies = replies
+            self._run_payloads = payloads
+
     def _end_run(self) -> None:
         replies, payloads = self._run_replies, self._run_payloads
         self._run_replies = []
