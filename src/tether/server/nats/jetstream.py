@@ -296,12 +296,10 @@ class JetStreamApi:
     def pub_acked(self, stream: str, first_seq: int, replies: list[str], duplicate: bool) -> None:
         prefix = self._ack_prefix(stream)
         if duplicate:
-            bodies = [b'%s%d,"duplicate":true}' % (prefix, first_seq)] * len(replies)
+            body = b'%s%d,"duplicate":true}' % (prefix, first_seq)
+            self.router.publish_replies(replies, [body] * len(replies))
         else:
-            bodies = [
-                b"%s%d}" % (prefix, seq) for seq in range(first_seq, first_seq + len(replies))
-            ]
-        self.router.publish_replies(replies, bodies)
+            self.router.publish_acks(replies, prefix, first_seq)
 
     def pub_failed(self, stream: str, replies: list[str], error: errors.ApiError) -> None:
         body = _encode_json({"error": error.to_dict(), "stream": stream, "seq": 0})

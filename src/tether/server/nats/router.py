@@ -202,19 +202,35 @@ class Router:
         to its buffer in one go. Anything else takes the general path. An empty reply
         is skipped (nobody asked).
         """
+        self._publish_replies(replies, bodies, b"", 0)
+
+    def publish_acks(self, replies: list[str], head: bytes, first_seq: int) -> None:
+        """:meth:`publish_replies` with ``head + b"%d}" % (first_seq + i)`` as the i-th
+        body (the PubAcks of a run), each formatted straight into its frame."""
+        self._publish_replies(replies, None, head, first_seq)
+
+    def _publish_replies(
+        self, replies: list[str], bodies: list[bytes] | None, head: bytes, first_seq: int
+    ) -> None:
         prefix: str | None = None
         sub: ClientSubscription | None = None
         exceptions: frozenset[str] = frozenset()
         client: ClientConnection | None = None
         frames: list[bytes] = []
         payload_bytes = 0
-        for reply, body in zip(replies, bodies, strict=True):
+        # For bodies made of ``head`` and a sequence: the length of the sequence's digits.
+        digits = len(str(first_seq))
+        bound = 10**digits
+        for i, reply in enumerate(replies):
             if not reply:
                 continue
-            head, _, last = reply.rpartition(".")
-            if head != prefix:
-                prefix = head
-                sub, exceptions = self._reply_target(head)
+            body: bytes | None = None
+            if bodies is not None:
+                body = bodies[i]
+            parent, _, last = reply.rpartition(".")
+            if parent != prefix:
+                prefix = parent
+                sub, exceptions = self._reply_target(parent)
             if sub is not None and last and last not in exceptions:
                 owner = sub.client
                 if owner is not client:
@@ -224,16 +240,25 @@ class Router:
                         payload_bytes = 0
                     client = owner
                 sub.delivered += 1
-                frames.append(
-                    b"MSG %s %s %d\r\n%s\r\n"
-                    % (reply.encode("utf-8", "surrogateescape"), sub.sid_b, len(body), body)
-                )
-                payload_bytes += len(body)
+                rb = reply.encode("utf-8", "surrogateescape")
+                if body is None:
+                    seq = first_seq + i
+                    while seq >= bound:
+                        digits += 1
+                        bound *= 10
+                    size = len(head) + digits + 1
+                    frames.append(b"MSG %s %s %d\r\n%s%d}\r\n" % (rb, sub.sid_b, size, head, seq))
+                else:
+                    size = len(body)
+                    frames.append(b"MSG %s %s %d\r\n%s\r\n" % (rb, sub.sid_b, size, body))
+                payload_bytes += size
                 continue
             if frames and client is not None:
                 client.send_frames(frames, payload_bytes)
                 frames = []
                 payload_bytes = 0
+            if body is None:
+                body = b"%s%d}" % (head, first_seq + i)
             self.publish(None, reply, "", None, body)
         if frames and client is not None:
             client.send_frames(frames, payload_bytes)
