@@ -20,8 +20,8 @@ import functools
 import os
 import sqlite3
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -31,6 +31,7 @@ import msgspec
 from tether.storage.base import (
     ConsumerRecord,
     MessageMeta,
+    MessageRow,
     StorageError,
     StoredMessage,
     StreamRecord,
@@ -173,6 +174,10 @@ SQL_READ = (
 SQL_READ_RANGE = (
     "SELECT seq, subject, headers, data, ts, priority FROM messages"
     " WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT ?"
+)
+SQL_READ_ROWS = (
+    "SELECT seq, subject, headers, data, ts FROM messages"
+    " WHERE stream = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?"
 )
 # The sequences arrive as one JSON array: one statement whatever their number.
 SQL_READ_MANY = (
@@ -374,79 +379,125 @@ class _MessageCache:
     """Recently committed messages, oldest evicted first once over ``limit`` bytes.
 
     Only touched on the loop thread: filled and trimmed as commits complete, in commit
-    order, so it mirrors the committed state of the messages it holds.
+    order, so it mirrors the committed state of the messages it holds. One dict per
+    stream, keyed by sequence; the order of arrival is kept as runs of sequences
+    (``(stream, first, last)``), one per stretch of consecutive appends, so filling it
+    costs one dict operation per message.
     """
 
-    __slots__ = ("_entries", "_limit", "_size")
+    __slots__ = ("_limit", "_runs", "_size", "_streams")
 
     def __init__(self, limit: int) -> None:
-        self._entries: OrderedDict[tuple[str, int], StoredMessage] = OrderedDict()
+        self._streams: dict[str, dict[int, StoredMessage]] = {}
+        self._runs: deque[tuple[str, int, int]] = deque()
         self._limit = limit
         self._size = 0
 
     def get(self, stream: str, seq: int) -> StoredMessage | None:
-        return self._entries.get((stream, seq))
+        messages = self._streams.get(stream)
+        return None if messages is None else messages.get(seq)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(map(len, self._streams.values()))
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._streams.clear()
+        self._runs.clear()
         self._size = 0
 
     def apply(self, ops: list[Op]) -> None:
         """Mirror the ops of a committed batch."""
-        entries, limit = self._entries, self._limit
-        pop = entries.pop
+        streams, runs, limit = self._streams, self._runs, self._limit
         size = self._size
-        setdefault = entries.setdefault
+        name = ""  # the run of appends being recorded: name, first .. last
+        first = last = 0
+        messages: dict[int, StoredMessage] = {}
         for op in ops:
             if op[0] == APPEND:
                 m = op[2]
-                key = (op[1], m.seq)
-                # One dict operation for the usual new sequence (and _size() inlined):
-                # this runs on the loop for every committed message.
-                prev = setdefault(key, m)
+                seq = m.seq
+                if op[1] != name or seq != last + 1:
+                    if name:
+                        runs.append((name, first, last))
+                    name = op[1]
+                    first = seq
+                    messages = streams.get(name) or streams.setdefault(name, {})
+                last = seq
+                prev = messages.setdefault(seq, m)
                 if prev is not m:  # a sequence stored again replaces the old one
                     size -= _size(prev)
-                    del entries[key]
-                    entries[key] = m
+                    messages[seq] = m
                 m_size = len(m.subject) + len(m.headers) + len(m.data) + 16
                 if m_size <= limit:
                     size += m_size
                 else:
-                    del entries[key]
-            elif op[0] == DELETE_MESSAGES:
-                stream = op[1]
-                for seq in op[2]:
-                    gone = pop((stream, seq), None)
-                    if gone is not None:
-                        size -= _size(gone)
+                    del messages[seq]
+                continue
+            if name:
+                runs.append((name, first, last))
+                name = ""
+            if op[0] == DELETE_MESSAGES:
+                size -= self._drop(op[1], op[2])
             elif op[0] == DELETE_RANGE:
                 size -= self._drop_range(op[1], op[2], op[3])
             elif op[0] == DELETE_STREAM:
-                size -= self._drop_keys([k for k in entries if k[0] == op[1]])
-        while size > limit:
-            _, old = entries.popitem(last=False)
-            size -= _size(old)
+                gone = streams.pop(op[1], None)
+                if gone:
+                    size -= sum(map(_size, gone.values()))
+        if name:
+            runs.append((name, first, last))
+        if len(runs) > 1024 and len(runs) > len(self):
+            self._compact()
+            runs = self._runs
+        while size > limit and runs:
+            stream, seq, end = runs.popleft()
+            messages = streams.get(stream) or {}
+            pop = messages.pop
+            while seq <= end:
+                old = pop(seq, None)
+                seq += 1
+                if old is not None:
+                    size -= _size(old)
+                    if size <= limit:
+                        break
+            if seq <= end:
+                runs.appendleft((stream, seq, end))  # the rest stays for next time
         self._size = size
 
-    def _drop_range(self, stream: str, first: int, last: int) -> int:
-        if last - first < len(self._entries):
-            return self._drop_keys([(stream, seq) for seq in range(first, last + 1)])
-        # A purge-sized range: walking the cache beats walking the range.
-        return self._drop_keys(
-            [k for k in self._entries if k[0] == stream and first <= k[1] <= last]
-        )
+    def _compact(self) -> None:
+        """Forget the runs whose messages are all gone (deleted, not evicted), and
+        narrow the others to what is left, so deletes cannot grow the runs for ever."""
+        streams = self._streams
+        kept: deque[tuple[str, int, int]] = deque()
+        for stream, first, last in self._runs:
+            messages = streams.get(stream)
+            if not messages:
+                continue
+            live = [seq for seq in range(first, last + 1) if seq in messages]
+            if live:
+                kept.append((stream, live[0], live[-1]))
+        self._runs = kept
 
-    def _drop_keys(self, keys: list[tuple[str, int]]) -> int:
-        pop = self._entries.pop
+    def _drop(self, stream: str, seqs: Iterable[int]) -> int:
+        messages = self._streams.get(stream)
+        if not messages:
+            return 0
+        pop = messages.pop
         dropped = 0
-        for key in keys:
-            prev = pop(key, None)
-            if prev is not None:
-                dropped += _size(prev)
+        for seq in seqs:
+            old = pop(seq, None)
+            if old is not None:
+                dropped += _size(old)
         return dropped
+
+    def _drop_range(self, stream: str, first: int, last: int) -> int:
+        messages = self._streams.get(stream)
+        if not messages:
+            return 0
+        if last - first < len(messages):
+            return self._drop(stream, range(first, last + 1))
+        # A purge-sized range: walking the cache beats walking the range.
+        return self._drop(stream, [seq for seq in messages if first <= seq <= last])
 
 
 # -- reads (on the reader threads) ------------------------------------------------------
@@ -475,6 +526,16 @@ def _read_range(
     finally:
         cursor.close()  # stop the statement early rather than stepping it to the end
     return out
+
+
+def _read_rows(
+    conn: sqlite3.Connection, stream: str, start_seq: int, last_seq: int, limit: int
+) -> list[MessageRow]:
+    # fetchall builds the row tuples in C: no Python frame per row.
+    rows: list[MessageRow] = conn.execute(
+        SQL_READ_ROWS, (stream, start_seq, last_seq, limit)
+    ).fetchall()
+    return rows
 
 
 def _read_many(conn: sqlite3.Connection, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
@@ -639,6 +700,15 @@ class SqliteStore(BatchingStore):
             return []
         return await self._run_read(
             lambda conn: _read_range(conn, stream, start_seq, limit, max_bytes)
+        )
+
+    async def read_rows(
+        self, stream: str, start_seq: int, last_seq: int, limit: int
+    ) -> list[MessageRow]:
+        if limit <= 0 or last_seq < start_seq:
+            return []
+        return await self._run_read(
+            lambda conn: _read_rows(conn, stream, start_seq, last_seq, limit)
         )
 
     async def read_many(self, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
