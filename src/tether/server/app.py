@@ -15,7 +15,7 @@ from tether.engine.consumer_registry import ConsumerRegistry
 from tether.engine.jobs_service import ServiceSettings, WebhookService
 from tether.server.config import ServerConfig
 from tether.server.http import monitor, webhook_api
-from tether.server.http.auth import GatewayMiddleware
+from tether.server.http.auth import AsgiApp, GatewayMiddleware
 from tether.server.http.listener import HttpListener
 from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.jetstream import JetStreamApi
@@ -71,17 +71,23 @@ class Tether:
         self.webhook_front = webhook_api.build(self.webhooks, cfg)
         await webhook_api.apply_seed(self.webhooks, cfg.webhook_seed)
         self.webhook_front.start()
-        gateway = Middleware(
-            GatewayMiddleware,
-            max_body=webhook_api.max_body(cfg),
-            secret=cfg.http_gateway_secret,
-            tolerance=cfg.http_gateway_tolerance,
-            exempt=cfg.http_gateway_exempt,
-        )
+
+        def gateway(app: AsgiApp) -> GatewayMiddleware:
+            return GatewayMiddleware(
+                app,
+                max_body=webhook_api.max_body(cfg),
+                secret=cfg.http_gateway_secret,
+                tolerance=cfg.http_gateway_tolerance,
+                exempt=cfg.http_gateway_exempt,
+            )
+
         web = Starlette(
-            routes=[*monitor.routes(self), *self.webhook_front.routes], middleware=[gateway]
+            routes=[*monitor.routes(self), *self.webhook_front.routes],
+            middleware=[Middleware(gateway)],
         )
-        self.http = HttpListener(web, cfg.host, cfg.http_port)
+        # Broadcasts are served ahead of Starlette (same checks, same bytes).
+        lean = self.webhook_front.asgi(web, gateway(web))
+        self.http = HttpListener(lean, cfg.host, cfg.http_port)
         await self.http.start()
         self.http_port = self.http.port
         log.info("Starting http monitor on %s:%d", cfg.host, self.http_port)

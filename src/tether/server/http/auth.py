@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import secrets
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tether.engine.jobs_registry import Channel, Consumer, Producer, verify_token
+from tether.engine.jobs_registry import Channel, Consumer, Producer
+from tether.engine.jobs_registry import verify_token as _verify_token
 from tether.server.http.common import NOT_FOUND, Api, text
 
 CHANNEL_TOKEN = "x-broker-channel-token"
@@ -31,18 +33,41 @@ Send = Callable[[Message], Awaitable[None]]
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def broadcaster(api: Api, request: Request, channel_id: str) -> tuple[Channel, Producer] | Response:
+# Tokens that matched a stored digest, with that digest: a producer or consumer sends
+# the same token on every request, and a set lookup is cheaper than a salted SHA-256.
+# Only matches are kept (a changed token has a new digest, so old entries go unused).
+_MATCHED: set[tuple[str, str]] = set()
+_MATCHED_MAX = 4096
+
+
+def verify_token(token: str | None, stored: str) -> bool:
+    """:func:`tether.engine.jobs_registry.verify_token`, remembering the matches."""
+    if token is None:
+        return False
+    if (stored, token) in _MATCHED:
+        return True
+    if not _verify_token(token, stored):
+        return False
+    if len(_MATCHED) >= _MATCHED_MAX:
+        _MATCHED.clear()
+    _MATCHED.add((stored, token))
+    return True
+
+
+def broadcaster(
+    api: Api, headers: Mapping[str, str], channel_id: str
+) -> tuple[Channel, Producer] | Response:
     """Broadcast: channel 404 → channel token 403 → producer 401 → producer token 403."""
     reg = api.service.registry
     channel = reg.channels.get(channel_id)
     if channel is None:
         return text(404, NOT_FOUND)
-    if not verify_token(request.headers.get(CHANNEL_TOKEN), channel.token_hash):
+    if not verify_token(headers.get(CHANNEL_TOKEN), channel.token_hash):
         return text(403, "channel token does not match")
-    producer = reg.producers.get(request.headers.get(PRODUCER_ID, ""))
+    producer = reg.producers.get(headers.get(PRODUCER_ID, ""))
     if producer is None:
         return text(401, "producer could not be found")
-    if not verify_token(request.headers.get(PRODUCER_TOKEN), producer.token_hash):
+    if not verify_token(headers.get(PRODUCER_TOKEN), producer.token_hash):
         return text(403, "producer token does not match")
     return channel, producer
 
@@ -103,6 +128,15 @@ def revealed(request: Request, header: str, token_hash: str) -> str:
 
 # -- middleware ------------------------------------------------------------------------------------
 
+# X-Request-IDs are correlation ids, not secrets: a random prefix per process and a
+# counter (20 hex digits, as before) instead of a getrandom syscall per request.
+_RID_PREFIX = secrets.token_hex(5)
+_rid_counter = itertools.count(secrets.randbits(32))
+
+
+def new_request_id() -> bytes:
+    return f"{_RID_PREFIX}{next(_rid_counter) & 0xFF_FFFF_FFFF:010x}".encode()
+
 
 class GatewayMiddleware:
     """In front of every route: echo ``X-Request-ID`` (or a new one), cap the request
@@ -139,37 +173,16 @@ class GatewayMiddleware:
                 length = int(value) if value.isdigit() else -1
             elif name == b"x-broker-signature":
                 signature = value.decode("latin-1")
-        if not rid:
-            rid = secrets.token_hex(10).encode()
+        rid = rid or new_request_id()
+        body = await self.admit(scope, receive, send, rid, length, signature)
+        if body is None:
+            return
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
             await send(message)
 
-        if length > self.max_body:
-            await _reply(send_with_id, 413, "request body too large")
-            return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                await _reply(send_with_id, 413, "request body too large")
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        if self.secret is not None and not str(scope["path"]).startswith(self.exempt):
-            refusal = self._check(signature, body)
-            if refusal is not None:
-                await _reply(send_with_id, *refusal)
-                return
         replayed = False
 
         async def replay() -> Message:
@@ -180,6 +193,46 @@ class GatewayMiddleware:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send_with_id)
+
+    async def admit(
+        self, scope: Scope, receive: Receive, send: Send, rid: bytes, length: int, signature: str
+    ) -> bytes | None:
+        """The whole request body, or None when the request has been answered (413, the
+        gateway's 401/403) or the client went away. ``rid``, ``length`` and ``signature``
+        are the last ``X-Request-ID`` (or a new id), ``Content-Length`` (-1 if absent or
+        not digits) and ``X-Broker-Signature`` of the request."""
+        if length > self.max_body:
+            await _reply(send, 413, "request body too large", rid)
+            return None
+        message = await receive()
+        if message["type"] != "http.request":
+            return None  # the client went away
+        body: bytes = message.get("body", b"")
+        if len(body) > self.max_body:
+            await _reply(send, 413, "request body too large", rid)
+            return None
+        if message.get("more_body", False):
+            chunks = [body]
+            size = len(body)
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return None
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_body:
+                    await _reply(send, 413, "request body too large", rid)
+                    return None
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            body = b"".join(chunks)
+        if self.secret is not None and not str(scope["path"]).startswith(self.exempt):
+            refusal = self._check(signature, body)
+            if refusal is not None:
+                await _reply(send, *refusal, rid)
+                return None
+        return body
 
     def _check(self, header: str, body: bytes) -> tuple[int, str] | None:
         assert self.secret is not None
@@ -197,7 +250,7 @@ class GatewayMiddleware:
         return None
 
 
-async def _reply(send: Send, status: int, message: str) -> None:
+async def _reply(send: Send, status: int, message: str, rid: bytes) -> None:
     body = message.encode()
     await send(
         {
@@ -206,6 +259,7 @@ async def _reply(send: Send, status: int, message: str) -> None:
             "headers": [
                 (b"content-type", b"text/plain; charset=utf-8"),
                 (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", rid),
             ],
         }
     )

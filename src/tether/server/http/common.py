@@ -123,6 +123,8 @@ async def form_values(request: Request) -> dict[str, str] | None:
 
 
 def path_segment(value: str) -> str:
+    if value.isalnum() and value.isascii():
+        return value  # generated ids and most given ones: nothing to escape
     return quote(value, safe="")
 
 

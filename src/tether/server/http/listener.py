@@ -1,4 +1,4 @@
-"""Runs the Starlette app on uvicorn inside the broker's own event loop."""
+"""Runs the HTTP API's ASGI app on uvicorn inside the broker's own event loop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import socket
 from collections.abc import Generator
 
 import uvicorn
-from starlette.applications import Starlette
+
+from tether.server.http.auth import AsgiApp
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -21,7 +22,7 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpListener:
     """An HTTP listener sharing the broker's loop; ``port`` is known after :meth:`start`."""
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
+    def __init__(self, app: AsgiApp, host: str, port: int) -> None:
         self._app = app
         self._host = host
         self._requested_port = port if port > 0 else 0
@@ -37,8 +38,16 @@ class HttpListener:
         sock.listen(1024)
         sock.setblocking(False)
         self.port = int(sock.getsockname()[1])
+        # No X-Forwarded-* rewriting (nothing reads the client address or scheme), no
+        # access log; httptools and the broker's loop (uvloop) as everywhere.
         config = uvicorn.Config(
-            self._app, log_level="warning", lifespan="off", access_log=False, loop="none"
+            self._app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            loop="none",
+            http="httptools",
+            proxy_headers=False,
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))

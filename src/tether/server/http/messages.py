@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -43,14 +45,32 @@ _RESERVED = {
 _XID_ALPHABET = "0123456789abcdefghijklmnopqrstuv"
 
 
-def new_message_id() -> str:
-    """A 20-character sortable id like webhook-broker's xid (time first, then random)."""
-    value = (int(time.time()) << 64) | secrets.randbits(64)
+# Auto ids: the time, a random number per process (39 bits) and a counter (25 bits),
+# like xid's time, per-process random and counter: no random draw per message.
+_ID_RANDOM = secrets.randbits(39)
+_id_counter = itertools.count(secrets.randbits(25))
+_id_head: tuple[int, str] = (-1, "")
+_XID_PAIRS = [a + b for a in _XID_ALPHABET for b in _XID_ALPHABET]
+
+
+def _base32(value: int, chars: int) -> str:
     out = []
-    for _ in range(20):
+    for _ in range(chars):
         out.append(_XID_ALPHABET[value & 31])
         value >>= 5
     return "".join(reversed(out))
+
+
+def new_message_id() -> str:
+    """A 20-character sortable id like webhook-broker's xid (time first): the base-32
+    digits of ``seconds << 64 | process random << 25 | counter``."""
+    global _id_head
+    secs = int(time.time())
+    n = next(_id_counter) & 0x1FF_FFFF
+    if _id_head[0] != secs:
+        _id_head = (secs, _base32((secs << 39) | _ID_RANDOM, 15))
+    pairs = _XID_PAIRS
+    return _id_head[1] + _XID_ALPHABET[n >> 20] + pairs[(n >> 10) & 1023] + pairs[n & 1023]
 
 
 def payload_text(payload: bytes) -> str:
@@ -96,18 +116,87 @@ def _parse_schedule(raw: str) -> int | None:
     return int(when.timestamp() * NS)
 
 
-def _metadata(request: Request) -> dict[str, str] | Response:
-    names = request.headers.get("x-broker-metadata-headers", "")
+def _metadata(headers: Mapping[str, str]) -> dict[str, str] | Response:
+    names = headers.get("x-broker-metadata-headers", "")
+    if not names:
+        return {}
     out: dict[str, str] = {}
     for name in (n.strip() for n in names.split(",")):
         if not name:
             continue
         if not _TOKEN.match(name) or name.lower() in _RESERVED:
             return text(400, f"invalid metadata header name: {name!r}")
-        value = request.headers.get(name, "")
+        value = headers.get(name.lower(), "")
         if value:
             out[name] = value
     return out
+
+
+async def broadcast_message(
+    api: Api, cid: str, headers: Mapping[str, str], body: bytes
+) -> Response | str:
+    """``POST /channel/{cid}/broadcast``: the message's ``Location`` once it is durable
+    (the route answers 201 with it), else the refusal, in webhook-broker's order.
+    ``headers`` maps lower-case names to the first value sent (Starlette's ``Headers``
+    or the lean route's dict)."""
+    checked = broadcaster(api, headers, cid)
+    if isinstance(checked, Response):
+        return checked
+    producer = checked[1]
+    metadata = _metadata(headers)
+    if isinstance(metadata, Response):
+        return metadata
+    raw_priority = headers.get("x-broker-message-priority", "").strip()
+    try:
+        priority = abs(int(raw_priority)) if raw_priority else 0
+    except ValueError:
+        return text(400, "invalid X-Broker-Message-Priority: not an integer")
+    if priority > 1_000_000:
+        return text(400, "invalid X-Broker-Message-Priority: above 1000000")
+    content_type = headers.get("content-type", "") or DEFAULT_CONTENT_TYPE
+    settings = api.settings
+    if len(body) > settings.max_payload:
+        return text(413, "message payload too large")
+    scheduled_for = headers.get("x-broker-scheduled-for", "")
+    due = 0
+    if scheduled_for:
+        parsed = _parse_schedule(scheduled_for)
+        if parsed is None:
+            return text(
+                400,
+                "invalid date format for X-Broker-Scheduled-For, expected ISO-8601/RFC3339 format",
+            )
+        if parsed < time.time_ns() + int(settings.min_schedule_delay * NS):
+            return text(412, "scheduled time must be at least the minimum delay in the future")
+        due = parsed
+    message_id = headers.get("x-broker-message-id", "") or new_message_id()
+    if len(message_id) > 255:
+        return text(400, "X-Broker-Message-ID is longer than 255 characters")
+    service = api.service
+    try:
+        if due:
+            await service.schedule(
+                Scheduled(
+                    channel=cid,
+                    message_id=message_id,
+                    producer=producer.id,
+                    content_type=content_type,
+                    priority=priority,
+                    headers=metadata,
+                    payload=body,
+                    due_ns=due,
+                    created_ns=time.time_ns(),
+                )
+            )
+            return f"/channel/{cid}/scheduled-message/{path_segment(message_id)}"
+        await service.broadcast(
+            cid, producer.id, body, content_type, priority, message_id, metadata
+        )
+    except DuplicateMessage:
+        return text(409, "duplicate message id for channel")
+    except errors.ApiError as exc:
+        return text(503 if exc.code >= 500 else 400, exc.description)
+    return message_url(cid, message_id)
 
 
 def routes(api: Api) -> list[Route]:
@@ -115,66 +204,13 @@ def routes(api: Api) -> list[Route]:
     reg = service.registry
 
     async def broadcast(request: Request) -> Response:
-        cid = request.path_params["channelId"]
-        checked = broadcaster(api, request, cid)
-        if isinstance(checked, Response):
-            return checked
-        _, producer = checked
-        metadata = _metadata(request)
-        if isinstance(metadata, Response):
-            return metadata
-        raw_priority = request.headers.get("x-broker-message-priority", "").strip()
-        try:
-            priority = abs(int(raw_priority)) if raw_priority else 0
-        except ValueError:
-            return text(400, "invalid X-Broker-Message-Priority: not an integer")
-        if priority > 1_000_000:
-            return text(400, "invalid X-Broker-Message-Priority: above 1000000")
-        content_type = request.headers.get("content-type", "") or DEFAULT_CONTENT_TYPE
         body = await request.body()
-        if len(body) > api.settings.max_payload:
-            return text(413, "message payload too large")
-        scheduled_for = request.headers.get("x-broker-scheduled-for", "")
-        due = 0
-        if scheduled_for:
-            parsed = _parse_schedule(scheduled_for)
-            if parsed is None:
-                return text(
-                    400,
-                    "invalid date format for X-Broker-Scheduled-For, expected ISO-8601/RFC3339 format",
-                )
-            if parsed < time.time_ns() + int(api.settings.min_schedule_delay * NS):
-                return text(412, "scheduled time must be at least the minimum delay in the future")
-            due = parsed
-        message_id = request.headers.get("x-broker-message-id", "") or new_message_id()
-        if len(message_id) > 255:
-            return text(400, "X-Broker-Message-ID is longer than 255 characters")
-        try:
-            if due:
-                await service.schedule(
-                    Scheduled(
-                        channel=cid,
-                        message_id=message_id,
-                        producer=producer.id,
-                        content_type=content_type,
-                        priority=priority,
-                        headers=metadata,
-                        payload=body,
-                        due_ns=due,
-                        created_ns=time.time_ns(),
-                    )
-                )
-                location = f"/channel/{cid}/scheduled-message/{path_segment(message_id)}"
-            else:
-                await service.broadcast(
-                    cid, producer.id, body, content_type, priority, message_id, metadata
-                )
-                location = message_url(cid, message_id)
-        except DuplicateMessage:
-            return text(409, "duplicate message id for channel")
-        except errors.ApiError as exc:
-            return text(503 if exc.code >= 500 else 400, exc.description)
-        return Response(status_code=201, headers={"Location": location})
+        result = await broadcast_message(
+            api, request.path_params["channelId"], request.headers, body
+        )
+        if isinstance(result, Response):
+            return result
+        return Response(status_code=201, headers={"Location": result})
 
     async def message(request: Request) -> Response:
         cid = request.path_params["channelId"]

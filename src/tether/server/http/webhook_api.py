@@ -20,7 +20,9 @@ from tether.engine.jobs_registry import Consumer, random_token, valid_id, verify
 from tether.engine.jobs_service import WebhookService
 from tether.server.config import ServerConfig, WebhookSeed
 from tether.server.http import jobs_api, messages, resources
+from tether.server.http.auth import AsgiApp, GatewayMiddleware
 from tether.server.http.common import Api, ApiSettings, json
+from tether.server.http.lean import LeanRoutes
 from tether.server.http.metrics import dlq_status, job_status, metrics_endpoint
 from tether.server.http.openapi import openapi_document
 from tether.server.webhooks.worker import PushDelivery, PushSettings
@@ -56,6 +58,11 @@ class WebhookFront:
 
     async def stop(self) -> None:
         await self.push.stop()
+
+    def asgi(self, app: AsgiApp, gateway: GatewayMiddleware) -> LeanRoutes:
+        """The app to serve: ``app`` (the Starlette app with these routes) behind the
+        lean broadcast route; ``gateway`` configured as the one inside ``app``."""
+        return LeanRoutes(app, self.api, gateway)
 
 
 def build(service: WebhookService, cfg: ServerConfig) -> WebhookFront:
