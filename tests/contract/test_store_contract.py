@@ -8,6 +8,7 @@ promise (reopening, a second instance on the same directory, failing commits).
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -166,6 +167,28 @@ async def test_read_range_max_bytes(store: Store) -> None:
     assert await store.read_range("s", 1, 2, max_bytes=10 * size) == messages[:2]
     # 0 means no byte limit
     assert await store.read_range("s", 1, 10, max_bytes=0) == messages
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["backend", "base-default"])
+async def test_read_rows(store: Store, own: bool) -> None:
+    """Rows in ``[start, last]``, gaps skipped, at most ``limit``; the backend's own
+    version and the base class's default give the same rows."""
+    messages = await fill(store, "s", range(1, 11))
+    await store.delete_messages("s", [4, 5, 9])
+    read = store.read_rows if own else functools.partial(Store.read_rows, store)
+
+    def rows(*seqs: int) -> list[tuple[int, str, bytes, bytes, int]]:
+        return [(m.seq, m.subject, m.headers, m.data, m.ts) for m in messages if m.seq in seqs]
+
+    assert await read("s", 1, 10, 100) == rows(1, 2, 3, 6, 7, 8, 10)
+    assert await read("s", 2, 7, 100) == rows(2, 3, 6, 7)
+    assert await read("s", 3, 10, 3) == rows(3, 6, 7)  # the limit counts live rows
+    assert await read("s", 4, 5, 10) == []
+    assert await read("s", 9, 9, 10) == []
+    assert await read("s", 11, 20, 10) == []
+    assert await read("s", 1, 10, 0) == []
+    assert await read("s", 5, 1, 10) == []
+    assert await read("missing", 1, 10, 10) == []
 
 
 async def test_read_many(store: Store) -> None:

@@ -39,7 +39,14 @@ from tether.engine.stream_config import (
     normalize,
 )
 from tether.engine.subjects import filters_overlap
-from tether.storage.base import MessageMeta, StorageError, Store, StoredMessage, StreamRecord
+from tether.storage.base import (
+    MessageMeta,
+    MessageRow,
+    StorageError,
+    Store,
+    StoredMessage,
+    StreamRecord,
+)
 
 if TYPE_CHECKING:
     from tether.engine.consumer_registry import ConsumerRegistry
@@ -617,17 +624,18 @@ class Broker:
             msgs = await self.store.read_many(stream.name, seqs)
         return msgs
 
-    async def read_range(
-        self, stream: Stream, start_seq: int, limit: int, max_bytes: int
-    ) -> list[StoredMessage]:
-        """Up to ``limit`` live messages from ``start_seq`` on, in order, once durable.
+    async def read_rows(
+        self, stream: Stream, start_seq: int, last_seq: int, limit: int
+    ) -> list[MessageRow]:
+        """Up to ``limit`` live messages in ``[start_seq, last_seq]`` as rows, in order,
+        once durable (bulk reads).
 
         Messages still in a commit are not in the store yet: wait for it rather than
         return a range with holes that are not deletions.
         """
         if self._ticks and stream.last_seq >= start_seq:
             await self._settled()
-        return await self.store.read_range(stream.name, start_seq, limit, max_bytes)
+        return await self.store.read_rows(stream.name, start_seq, last_seq, limit)
 
     # -- max_age ------------------------------------------------------------------------------------
     def _expire(self, stream: Stream) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from tether.storage.base import (
     ConsumerRecord,
     MessageMeta,
+    MessageRow,
     StorageError,
     Store,
     StoredMessage,
@@ -22,6 +23,7 @@ from tether.storage.base import (
 __all__ = [
     "ConsumerRecord",
     "MessageMeta",
+    "MessageRow",
     "StorageError",
     "Store",
     "StoredMessage",

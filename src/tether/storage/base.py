@@ -54,6 +54,10 @@ class MessageMeta(msgspec.Struct, frozen=True, gc=False, array_like=True):
     priority: int = 0
 
 
+# (seq, subject, headers, data, ts) of one stored message, as bulk reads return them.
+MessageRow = tuple[int, str, bytes, bytes, int]
+
+
 class StreamRecord(msgspec.Struct, frozen=True):
     """A stream's persisted definition."""
 
@@ -123,6 +127,15 @@ class Store(ABC):
         With ``max_bytes`` > 0 the result stops before the message that would take the
         total of :attr:`StoredMessage.size` over it (but always holds at least one).
         """
+
+    async def read_rows(
+        self, stream: str, start_seq: int, last_seq: int, limit: int
+    ) -> list[MessageRow]:
+        """Up to ``limit`` messages with ``start_seq <= seq <= last_seq``, in order, as
+        ``(seq, subject, headers, data, ts)`` tuples: the bulk-read form, which backends
+        can produce without a message object per row."""
+        msgs = await self.read_range(stream, start_seq, min(limit, last_seq - start_seq + 1))
+        return [(m.seq, m.subject, m.headers, m.data, m.ts) for m in msgs if m.seq <= last_seq]
 
     @abstractmethod
     async def read_many(self, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:

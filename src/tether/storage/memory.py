@@ -16,6 +16,7 @@ import msgspec
 from tether.storage.base import (
     ConsumerRecord,
     MessageMeta,
+    MessageRow,
     StorageError,
     StoredMessage,
     StreamRecord,
@@ -180,6 +181,23 @@ class MemoryStore(BatchingStore):
             out.append(message)
             if len(out) >= limit:
                 break
+        return out
+
+    async def read_rows(
+        self, stream: str, start_seq: int, last_seq: int, limit: int
+    ) -> list[MessageRow]:
+        self._check_open()
+        log = self._logs.get(stream)
+        if log is None or limit <= 0:
+            return []
+        msgs, seqs = log.msgs, log.seqs
+        out: list[MessageRow] = []
+        for k in range(log.start(start_seq), bisect_right(seqs, last_seq)):
+            m = msgs.get(seqs[k])
+            if m is not None:  # dead entries stay in ``seqs`` until compaction
+                out.append((m.seq, m.subject, m.headers, m.data, m.ts))
+                if len(out) >= limit:
+                    break
         return out
 
     async def read_many(self, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
