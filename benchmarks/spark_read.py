@@ -90,7 +90,15 @@ class TupleSource(TetherDataSource):
 def fetch_only(url: str, messages: int, method: str) -> float:
     opts = read_options({"servers": url, "stream": "BENCH"}, streaming=False)
     part = RangePartition(
-        opts.conn, "BENCH", 1, messages + 1, (), False, method, opts.fetch_batch_size, 8 << 20
+        opts.conn,
+        "BENCH",
+        1,
+        messages + 1,
+        (),
+        False,
+        method,
+        opts.fetch_batch_size,
+        opts.fetch_max_bytes,
     )
     start = time.perf_counter()
     rows = sum(batch.num_rows for batch in read_partition(part))

@@ -87,6 +87,15 @@ async def test_byte_budget_cuts_windows_and_continues(js: JetStream) -> None:
     assert [s for b in blocks for s in b.seq_list()] == list(range(1, 121))
 
 
+async def test_block_size_follows_block_bytes(js: JetStream) -> None:
+    name = await filled(js, 300, size=100)
+    small = [b.count async for b in js.read_blocks(name, block_bytes=2048)]
+    large = [b.count async for b in js.read_blocks(name, block_bytes=1 << 20)]
+    assert sum(small) == sum(large) == 300
+    assert len(small) > 15 and max(small) <= 20
+    assert large == [300]
+
+
 async def test_deleted_and_purged_messages_leave_gaps(js: JetStream) -> None:
     name = await filled(js, 60)
     for seq in (1, 2, 30, 31, 59):

@@ -92,6 +92,7 @@ def test_request_defaults_and_fields() -> None:
         (b'{"nope": 1}', "unknown field"),
         (b'{"subjects": ["a..b"]}', "invalid subject filter"),
         (b'{"max_bytes": %d}' % (LIMIT_MAX_BYTES + 1), "max_bytes must be at most"),
+        (b'{"block_bytes": %d}' % (LIMIT_MAX_BYTES + 1), "block_bytes must be at most"),
     ],
 )
 def test_bad_requests_say_why(payload: bytes, why: str) -> None:

@@ -66,6 +66,7 @@ class _Reader:
         window: int,
         ahead: int,
         max_bytes: int,
+        block_bytes: int,
         timeout: float,
     ) -> None:
         self.conn = conn
@@ -79,6 +80,7 @@ class _Reader:
         self.window = window
         self.ahead = ahead
         self.max_bytes = max_bytes
+        self.block_bytes = block_bytes
         self.timeout = timeout
         self.inbox = conn.new_inbox()
         self.windows: dict[str, _Window] = {}
@@ -94,7 +96,13 @@ class _Reader:
             self.order.appendleft(win)
         else:
             self.order.append(win)
-        body = {**self.body, "seq": lo, "up_to_seq": hi, "max_bytes": self.max_bytes}
+        body = {
+            **self.body,
+            "seq": lo,
+            "up_to_seq": hi,
+            "max_bytes": self.max_bytes,
+            "block_bytes": self.block_bytes,
+        }
         await self.conn.publish(self.subject, msgspec.json.encode(body), reply=reply)
 
     async def _fill(self) -> None:
@@ -181,12 +189,15 @@ def read_blocks(
     window: int = 50_000,
     ahead: int = 2,
     max_bytes: int = 16 * 1024 * 1024,
+    block_bytes: int = 1024 * 1024,
     timeout: float = 5.0,
 ) -> AsyncIterator[MessageBlock]:
     """Blocks of sequences ``[start, end)`` in order (see the module docstring)."""
     if start < 1 or end < start:
         raise ValueError(f"bad range [{start}, {end})")
-    if window < 1 or ahead < 1 or max_bytes < 1:
-        raise ValueError("window, ahead and max_bytes must be positive")
-    reader = _Reader(conn, stream, start, end, subjects, headers, window, ahead, max_bytes, timeout)
+    if window < 1 or ahead < 1 or max_bytes < 1 or block_bytes < 1:
+        raise ValueError("window, ahead, max_bytes and block_bytes must be positive")
+    reader = _Reader(
+        conn, stream, start, end, subjects, headers, window, ahead, max_bytes, block_bytes, timeout
+    )
     return reader.blocks()

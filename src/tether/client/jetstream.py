@@ -81,6 +81,7 @@ class JetStream(Publisher):
         window: int = 50_000,
         ahead: int = 2,
         max_bytes: int = 16 * 1024 * 1024,
+        block_bytes: int = 1024 * 1024,
     ) -> AsyncIterator[MessageBlock]:
         """Sequences ``[start, end)`` of ``stream`` as column blocks, in order (Tether only).
 
@@ -100,6 +101,7 @@ class JetStream(Publisher):
                 window=window,
                 ahead=ahead,
                 max_bytes=max_bytes,
+                block_bytes=block_bytes,
                 timeout=self.timeout,
             )
 

@@ -75,8 +75,9 @@ def parse_request(payload: bytes) -> ReadRequest:
     for field in ("seq", "up_to_seq", "batch", "max_bytes", "block_bytes"):
         if getattr(req, field) < 0:
             raise BadReadRequest(f"{field} must not be negative")
-    if req.max_bytes > LIMIT_MAX_BYTES:
-        raise BadReadRequest(f"max_bytes must be at most {LIMIT_MAX_BYTES}")
+    for field in ("max_bytes", "block_bytes"):
+        if getattr(req, field) > LIMIT_MAX_BYTES:
+            raise BadReadRequest(f"{field} must be at most {LIMIT_MAX_BYTES}")
     for subject in req.subjects:
         if not is_valid_filter(subject):
             raise BadReadRequest(f"invalid subject filter {subject!r}")
