@@ -8,6 +8,7 @@ header names, values and order, body), and the stored messages too.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -83,6 +84,7 @@ async def call(
     path: str = PATH,
     method: str = "POST",
     sent: list[dict[str, Any]] | None = None,
+    query: bytes = b"",
 ) -> list[dict[str, Any]]:
     chunks = body if isinstance(body, list) else [body]
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
@@ -99,7 +101,7 @@ async def call(
         "path": path,
         "raw_path": path.encode(),
         "root_path": "",
-        "query_string": b"",
+        "query_string": query,
         "headers": raw,
     }
     incoming = [
@@ -253,6 +255,12 @@ async def test_lean_broadcast_answers_as_starlette(pair: tuple[Tether, Tether]) 
         ("/channel/ch/broadcast", "GET"),
         ("/channel/ch/broadcast", "PUT"),
         ("/channel/broadcast", "POST"),
+        ("/channel/ch/consumer/k/claim", "GET"),
+        ("/channel/ch/consumer/k/claim/", "POST"),
+        ("/channel/ch/consumer/k/claims", "POST"),
+        ("/channel/ch/consumer//claim", "POST"),
+        ("/channel/ch/consumers/k/jobs", "POST"),
+        ("/channel/ch/consumer/k/job/1-1", "POST"),
     ],
 )
 async def test_other_paths_are_left_to_starlette(
@@ -300,3 +308,96 @@ async def test_handler_error_is_a_plain_500(
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][0]["status"] == 500
     assert outcomes[0][1]["body"] == b"Internal Server Error"
+
+
+TIME = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+
+
+def without_times(sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Deadlines differ between the two servers by the time between the calls (and so
+    may the body's length): times become ``<t>`` and Content-Length is checked apart."""
+    out = []
+    length = -1
+    for message in sent:
+        message = dict(message)
+        if message["type"] == "http.response.start":
+            headers = []
+            for k, v in message["headers"]:
+                if k == b"content-length":
+                    length = int(v)
+                    v = b"<n>"
+                headers.append((k, v))
+            message["headers"] = headers
+        else:
+            assert len(message["body"]) == length
+            message["body"] = TIME.sub(b"<t>", message["body"])
+        out.append(message)
+    return out
+
+
+CONSUMER = [("X-Broker-Channel-Token", "ct"), ("X-Broker-Consumer-Token", "kt")]
+BASE = "/channel/ch/consumer/puller"
+
+
+async def test_lean_claim_and_jobs_answer_as_starlette(pair: tuple[Tether, Tether]) -> None:
+    for app in pair:
+        assert app.webhooks is not None
+        await app.webhooks.put_consumer("ch", "puller", "puller", "kt", "http://x.test/", "pull")
+        await app.webhooks.put_consumer("ch", "pusher", "pusher", "kt", "http://x.test/", "push")
+        for n in range(6):
+            await app.webhooks.broadcast("ch", "prod", b"m%d" % n, "text/plain", 0, f"j{n}", {})
+    a, b = pair
+    old, new = lean_of(a).app, lean_of(b)
+    claimed = await call(old, CONSUMER, b'{"Max": 2}', path=f"{BASE}/claim")
+    await call(new, CONSUMER, b'{"Max": 2}', path=f"{BASE}/claim")
+    ids = [job["ID"] for job in json.loads(claimed[1]["body"])["Result"]]
+    assert len(ids) == 2
+    changes = {
+        "Jobs": [
+            {"ID": ids[0], "NextState": "DELIVERED"},
+            {"ID": ids[1], "NextState": "QUEUED"},
+            {"ID": ids[1], "NextState": "NOPE"},
+            {"ID": "9-9", "NextState": "DELIVERED"},
+            {"ID": "junk"},
+        ]
+    }
+    cases: list[tuple[str, str, list[tuple[str, str]], bytes]] = [
+        ("claim", "claim", CONSUMER, b'{"Max": 2, "IncrementalTimeout": 30}'),
+        ("claim, default Max", "claim", [*CONSUMER, ("X-Request-ID", "r")], b""),
+        ("claim, nothing left, waits", "claim", CONSUMER, b'{"Wait": 0.05}'),
+        ("claim, Max too big", "claim", CONSUMER, b'{"Max": 1000}'),
+        ("claim, bad Wait", "claim", CONSUMER, b'{"Wait": "soon"}'),
+        ("claim, malformed", "claim", CONSUMER, b"{"),
+        ("claim, not an object", "claim", CONSUMER, b"[]"),
+        ("claim, wrong channel token", "claim", [("X-Broker-Channel-Token", "x")], b""),
+        ("claim, no consumer token", "claim", CONSUMER[:1], b""),
+        ("jobs", "jobs", CONSUMER, json.dumps(changes).encode()),
+        ("jobs, empty", "jobs", CONSUMER, b""),
+        ("jobs, not a list", "jobs", CONSUMER, b'{"Jobs": 3}'),
+        ("jobs, body too large", "jobs", CONSUMER, b" " * 9000),
+    ]
+    for name, route, headers, body in cases:
+        want = without_times(
+            normalized(await call(old, headers, body, path=f"{BASE}/{route}"), headers)
+        )
+        got = without_times(
+            normalized(await call(new, headers, body, path=f"{BASE}/{route}"), headers)
+        )
+        assert got == want, name
+    for path in (
+        "/channel/ch/consumer/pusher/claim",
+        "/channel/ch/consumer/ghost/claim",
+        "/channel/nope/consumer/puller/jobs",
+    ):
+        want = await call(old, [*CONSUMER, ("X-Request-ID", "r")], b"", path=path)
+        got = await call(new, [*CONSUMER, ("X-Request-ID", "r")], b"", path=path)
+        assert got == want, path
+        assert want[0]["status"] in (401, 404, 412)
+    # The same job states on both servers.
+    headers = [*CONSUMER, ("X-Request-ID", "r")]
+    for seq in range(1, 7):
+        path = f"{BASE}/job/1-{seq}"
+        want = without_times(await call(old, headers, b"", path=path, method="GET"))
+        got = without_times(await call(new, headers, b"", path=path, method="GET"))
+        assert got == want, path
+        assert want[0]["status"] == 200

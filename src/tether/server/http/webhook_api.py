@@ -61,8 +61,17 @@ class WebhookFront:
 
     def asgi(self, app: AsgiApp, gateway: GatewayMiddleware) -> LeanRoutes:
         """The app to serve: ``app`` (the Starlette app with these routes) behind the
-        lean broadcast route; ``gateway`` configured as the one inside ``app``."""
-        return LeanRoutes(app, self.api, gateway)
+        lean routes (broadcast, claim, bulk job changes); ``gateway`` configured as the
+        one inside ``app``."""
+        base = "/channel/{channelId}/consumer/{consumerId}/"
+        posts = {
+            route.path[len(base) :]: route.endpoint
+            for route in self.routes
+            if isinstance(route, Route)
+            and route.path in (f"{base}claim", f"{base}jobs")
+            and route.methods == {"POST"}
+        }
+        return LeanRoutes(app, self.api, gateway, posts)
 
 
 def build(service: WebhookService, cfg: ServerConfig) -> WebhookFront:
