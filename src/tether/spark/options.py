@@ -350,7 +350,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         min_partitions=_int(options, "minPartitions", 1, 1),
         max_records_per_partition=_int(options, "maxRecordsPerPartition", 250_000, 1),
         read_method=method,
-        fetch_batch_size=_int(options, "fetchBatchSize", 100_000, 1),
+        fetch_batch_size=_int(options, "fetchBatchSize", 25_000, 1),
         fetch_max_bytes=_int(options, "fetchMaxBytes", 16 * 1024 * 1024, 1024),
         fail_on_data_loss=bool_option(options, "failOnDataLoss", True),
         max_offsets_per_trigger=max_rows,
