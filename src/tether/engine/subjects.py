@@ -404,21 +404,9 @@ class SubjectIndex(Generic[T]):
 
     def _compute_family(self, prefix: str) -> tuple[Match[T], frozenset[str]]:
         """:meth:`_compute` of ``prefix.<token>`` for a token no literal child is named."""
-        hits: list[_Node[T]] = []
-        level = [self._root]
-        for token in prefix.split("."):
-            nxt: list[_Node[T]] = []
-            for node in level:
-                if node.gt is not None:
-                    hits.append(node.gt)
-                child = node.children.get(token)
-                if child is not None:
-                    nxt.append(child)
-                if node.star is not None:
-                    nxt.append(node.star)
-            level = nxt
-            if not level:
-                return self._collect(hits), frozenset()
+        hits, level = self._walk(prefix)
+        if not level:
+            return self._collect(hits), frozenset()
         # The last token: everything but the literal children is independent of it.
         exceptions: set[str] = set()
         last: list[_Node[T]] = []
@@ -505,6 +493,13 @@ class SubjectIndex(Generic[T]):
     def _compute(self, subject: str) -> Match[T]:
         """Walk the trie for ``subject`` (the cache-miss path)."""
         # First gather the nodes whose entries match, then read their entries.
+        hits, level = self._walk(subject)
+        hits.extend(level)
+        return self._collect(hits)
+
+    def _walk(self, subject: str) -> tuple[list[_Node[T]], list[_Node[T]]]:
+        """The ``>`` nodes matched on the way down ``subject``'s tokens, and the nodes
+        its last token reaches (empty when the walk died out early)."""
         hits: list[_Node[T]] = []
         level = [self._root]
         for token in subject.split("."):
@@ -522,8 +517,7 @@ class SubjectIndex(Generic[T]):
             level = nxt
             if not level:
                 break
-        hits.extend(level)
-        return self._collect(hits)
+        return hits, level
 
     @staticmethod
     def _collect(hits: list[_Node[T]]) -> Match[T]:
