@@ -138,6 +138,21 @@ def new_request_id() -> bytes:
     return f"{_RID_PREFIX}{next(_rid_counter) & 0xFF_FFFF_FFFF:010x}".encode()
 
 
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands over ``body`` (already read) once, then defers to
+    ``receive`` (for the disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
 class GatewayMiddleware:
     """In front of every route: echo ``X-Request-ID`` (or a new one), cap the request
     body (413, read whole before any handler runs, so nothing half-reads), and when a
@@ -183,16 +198,7 @@ class GatewayMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
             await send(message)
 
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send_with_id)
+        await self.app(scope, replay_body(body, receive), send_with_id)
 
     async def admit(
         self, scope: Scope, receive: Receive, send: Send, rid: bytes, length: int, signature: str

@@ -22,11 +22,11 @@ from starlette.responses import PlainTextResponse, Response
 from tether.server.http.auth import (
     AsgiApp,
     GatewayMiddleware,
-    Message,
     Receive,
     Scope,
     Send,
     new_request_id,
+    replay_body,
 )
 from tether.server.http.common import Api
 from tether.server.http.messages import broadcast_message
@@ -112,17 +112,8 @@ class LeanRoutes:
             if admitted is None:
                 return
             rid, body = admitted
-            replayed = False
-
-            async def replay() -> Message:
-                nonlocal replayed
-                if replayed:
-                    return await receive()
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
             scope["path_params"] = params
-            response = await endpoint(Request(scope, replay))
+            response = await endpoint(Request(scope, replay_body(body, receive)))
             started = True
             await send(
                 {
