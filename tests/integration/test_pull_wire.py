@@ -86,6 +86,22 @@ async def test_two_waiting_requests_share_new_messages(nc: Client) -> None:
     assert (await js.consumer_info("P", "N")).num_ack_pending == 0
 
 
+async def test_a_long_run_arrives_whole_and_in_order(nc: Client) -> None:
+    """A run longer than the early-written head (64 frames) goes out in two writes;
+    the client sees every message once, in stream order, with its ack subject."""
+    js = nc.jetstream()
+    for i in range(20, 400):
+        await js.publish("p.x", str(i).encode())
+    got: list[Msg] = []
+    await _collect(nc, "_INBOX.long", got)
+    body = json.dumps({"batch": 400, "expires": 5_000_000_000}).encode()
+    await nc.publish(NEXT, body, reply="_INBOX.long")
+    await nc.flush()
+    await _settle([got], 400)
+    assert [int(m.data) for m in got] == list(range(400))
+    assert [int(m.reply.split(".")[5]) for m in got] == list(range(1, 401))
+
+
 @pytest.mark.parametrize(
     "subject",
     [

@@ -102,6 +102,9 @@ def parse_go_duration(text: str) -> int:
     return int(total)
 
 
+_EARLY_FRAMES = 64
+
+
 class _Outbox:
     """What waits behind a slow read, per consumer: (to, meta, reply, block)."""
 
@@ -490,6 +493,13 @@ class ConsumerApi:
                 b"MSG %s %s %s %d\r\n%s\r\n" % (sb, sub.sid_b, replies[i].encode(), len(data), data)
             )
             payload_bytes += len(data)
+            if i == _EARLY_FRAMES and len(metas) > 2 * _EARLY_FRAMES:
+                # The head of a long run goes to the socket now, once: the client works
+                # on it while the rest is built (a fetch of 500 would otherwise wait
+                # for the whole run). One extra write per run.
+                flush()
+                if client is not None:
+                    client.flush_now()
         flush()
 
     def control(self, consumer: Consumer, to: str, block: bytes, reply: str = "") -> None:
