@@ -441,16 +441,7 @@ class SubjectIndex(Generic[T]):
 
     def _only_gt_beneath(self, stem: str) -> bool:
         """Whether no entry below ``stem`` depends on the tokens after it (only ``>``)."""
-        level = [self._root]
-        for token in stem.split("."):
-            nxt: list[_Node[T]] = []
-            for node in level:
-                child = node.children.get(token)
-                if child is not None:
-                    nxt.append(child)
-                if node.star is not None:
-                    nxt.append(node.star)
-            level = nxt
+        _, level = self._walk(stem)
         return all(not node.children and node.star is None for node in level)
 
     def _invalidate(self, filters: Iterable[str]) -> None:
