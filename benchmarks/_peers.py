@@ -342,6 +342,36 @@ def start_peer(name: str, **kwargs: object) -> Iterator[ServerProcess]:
         raise ValueError(f"unknown peer {name!r}")
 
 
+# -- machine load ---------------------------------------------------------------------
+
+
+def machine_busy_seconds() -> float:
+    """Non-idle CPU seconds of the whole machine so far, from /proc/stat."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / _CLK_TCK
+
+
+def wait_idle(max_wait: float, threshold: float = 0.3, window: float = 0.5) -> float | None:
+    """Wait until the machine is nearly idle (< ``threshold`` cores busy over ``window``).
+
+    Benchmarks on a shared machine are only comparable when nothing else runs; returns
+    the seconds waited, or None if it never became idle within ``max_wait``.
+    """
+    start = time.monotonic()
+    while True:
+        busy0 = machine_busy_seconds()
+        time.sleep(window)
+        if (machine_busy_seconds() - busy0) / window < threshold:
+            return time.monotonic() - start
+        if time.monotonic() - start >= max_wait:
+            return None
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:
     """Poll ``predicate()`` until true or ``timeout`` seconds pass; True if it became true."""
     deadline = time.monotonic() + timeout

@@ -45,13 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _peers import (  # after the sys.path tweak above
     PeerStartError,
     ServerProcess,
+    machine_busy_seconds,
     nats_server_version,
     start_nats_server,
     start_tether,
     tether_version,
+    wait_idle,
 )
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 SUBJECT = b"bench.core"
 SID = b"1"
 SERVERS = ("tether", "nats-server")
@@ -573,33 +574,6 @@ def measure(load: str, server: ServerProcess, name: str, n: int, opts: dict[str,
                 proc.kill()
                 proc.join(timeout=5)
     return result
-
-
-def machine_busy_seconds() -> float:
-    """Non-idle CPU seconds of the whole machine so far, from /proc/stat."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / CLK_TCK
-
-
-def wait_idle(max_wait: float, threshold: float = 0.3, window: float = 0.5) -> float | None:
-    """Wait until the machine is nearly idle (< ``threshold`` cores busy over ``window``).
-
-    Benchmarks on a shared machine are only comparable when nothing else runs; returns
-    the seconds waited, or None if it never became idle within ``max_wait``.
-    """
-    start = time.monotonic()
-    while True:
-        busy0 = machine_busy_seconds()
-        time.sleep(window)
-        if (machine_busy_seconds() - busy0) / window < threshold:
-            return time.monotonic() - start
-        if time.monotonic() - start >= max_wait:
-            return None
 
 
 def _bound(server: str, cpu: dict[str, float]) -> str:

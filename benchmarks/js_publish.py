@@ -65,10 +65,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _peers import (  # after the sys.path tweak above
     PeerStartError,
     ServerProcess,
+    machine_busy_seconds,
     nats_server_version,
     start_nats_server,
     start_tether,
     tether_version,
+    wait_idle,
 )
 
 HOST = "127.0.0.1"
@@ -82,7 +84,6 @@ TARGETS = {
     ("raw", "nats-server-sync"): 20.0,
     ("nats-py", "nats-server"): 0.9,
 }
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 CONNECT = (
     b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,'
     b'"echo":true,"protocol":1,"lang":"raw","version":"0","name":"js_publish"}\r\n'
@@ -508,29 +509,6 @@ async def natspy_publish(url: str, n: int, opts: dict[str, Any], cap: float) -> 
 
 
 # -- machine load --------------------------------------------------------------------------
-
-
-def machine_busy_seconds() -> float:
-    """Non-idle CPU seconds of the whole machine so far, from /proc/stat."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / CLK_TCK
-
-
-def wait_idle(max_wait: float, threshold: float = 0.3, window: float = 0.5) -> float | None:
-    """Wait up to ``max_wait`` s for the machine to be nearly idle; None if it never was."""
-    start = time.monotonic()
-    while True:
-        busy0 = machine_busy_seconds()
-        time.sleep(window)
-        if (machine_busy_seconds() - busy0) / window < threshold:
-            return time.monotonic() - start
-        if time.monotonic() - start >= max_wait:
-            return None
 
 
 # -- driver ----------------------------------------------------------------------------------
