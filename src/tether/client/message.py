@@ -229,3 +229,29 @@ class JsMsg(Msg):
 
     def __repr__(self) -> str:
         return f"<JsMsg subject={self.subject!r} reply={self.reply!r} data={self.data[:32]!r}>"
+
+
+class JsMsgView:
+    """The fields of a :class:`JsMsg` (``msg``), for wrappers that settle it their own way
+    (a blocking call, another thread)."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self, msg: JsMsg) -> None:
+        self.msg = msg
+
+    @property
+    def subject(self) -> str:
+        return self.msg.subject
+
+    @property
+    def data(self) -> bytes:
+        return self.msg.data
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return self.msg.headers
+
+    @property
+    def metadata(self) -> MsgMetadata:
+        return self.msg.metadata

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from tether.client.connection import Connection
 from tether.client.connection import connect as connect_async
 from tether.client.jetstream import JetStream
-from tether.client.message import JsMsg, Msg, MsgMetadata
+from tether.client.message import JsMsg, JsMsgView, Msg
 from tether.client.models import ConsumerInfo, PubAck, StreamInfo
 from tether.client.pull import PullSubscription
 
@@ -51,30 +51,14 @@ class _Portal:
         self.loop.close()
 
 
-class SyncMsg:
+class SyncMsg(JsMsgView):
     """A JetStream message with blocking ack methods."""
 
-    __slots__ = ("_portal", "msg")
+    __slots__ = ("_portal",)
 
     def __init__(self, portal: _Portal, msg: JsMsg) -> None:
+        super().__init__(msg)
         self._portal = portal
-        self.msg = msg
-
-    @property
-    def subject(self) -> str:
-        return self.msg.subject
-
-    @property
-    def data(self) -> bytes:
-        return self.msg.data
-
-    @property
-    def headers(self) -> dict[str, str] | None:
-        return self.msg.headers
-
-    @property
-    def metadata(self) -> MsgMetadata:
-        return self.msg.metadata
 
     def ack(self) -> None:
         self._portal.call(self.msg.ack())

@@ -33,7 +33,7 @@ from tether.client.message import (
     STATUS_REQUEST_TIMEOUT,
     WPI,
     JsMsg,
-    MsgMetadata,
+    JsMsgView,
 )
 from tether.client.pull import PullSubscription, expires_ns, status_error
 from tether.client.ready import Phase, ReadyController, SourceState
@@ -61,31 +61,15 @@ class Retry(Exception):
         self.backoff = backoff
 
 
-class ThreadMsg:
+class ThreadMsg(JsMsgView):
     """What a synchronous handler receives (it runs in a thread): the message's content,
     and a thread-safe :meth:`in_progress`. The worker settles the message."""
 
-    __slots__ = ("_loop", "msg")
+    __slots__ = ("_loop",)
 
     def __init__(self, msg: JsMsg, loop: asyncio.AbstractEventLoop) -> None:
-        self.msg = msg
+        super().__init__(msg)
         self._loop = loop
-
-    @property
-    def subject(self) -> str:
-        return self.msg.subject
-
-    @property
-    def data(self) -> bytes:
-        return self.msg.data
-
-    @property
-    def headers(self) -> dict[str, str] | None:
-        return self.msg.headers
-
-    @property
-    def metadata(self) -> MsgMetadata:
-        return self.msg.metadata
 
     def in_progress(self) -> None:
         """Ask the server for more time (reset its ack timer)."""
