@@ -12,7 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from tether.testing import RunningServer
+from tether.testing import RawClient, RunningServer
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.P.C"
 
@@ -126,3 +126,79 @@ async def test_malformed_acks_are_ignored(nc: Client, subject: str) -> None:
     info = await nc.jetstream().consumer_info("P", "C")
     assert info.num_ack_pending == 0 and info.ack_floor.stream_seq == 2
     assert nc.is_connected
+
+
+def _frames(data: bytes) -> list[tuple[str, str, bytes]]:
+    """(subject, reply, payload with any header block) of each MSG/HMSG in ``data``."""
+    frames: list[tuple[str, str, bytes]] = []
+    pos = 0
+    while (nl := data.find(b"\r\n", pos)) >= 0:
+        parts = data[pos:nl].split()
+        pos = nl + 2
+        if parts and parts[0] in (b"MSG", b"HMSG"):
+            size = int(parts[-1])
+            reply = parts[3].decode() if len(parts) == (6 if parts[0] == b"HMSG" else 5) else ""
+            frames.append((parts[1].decode(), reply, data[pos : pos + size]))
+            pos += size + 2
+    return frames
+
+
+@pytest.mark.parametrize(
+    ("monitored", "pedantic"),
+    [(False, False), (True, False), (False, True)],
+    ids=["alone", "monitored", "pedantic"],
+)
+async def test_acks_written_together_act_as_one_by_one(
+    nc: Client, memory_server: RunningServer, monitored: bool, pedantic: bool
+) -> None:
+    """Acks of every kind in one write (the server takes them as one batch); the same
+    with a client subscribed to ``$JS.ACK.>`` (then each is routed on its own), and from
+    a pedantic client (acks handled one by one, the bad subject reported)."""
+    seen: list[Msg] = []
+    if monitored:
+        await _collect(nc, "$JS.ACK.>", seen)
+        await nc.flush()
+    raw = await RawClient.connect(memory_server.host, memory_server.port)
+    try:
+        options = {"verbose": False, "pedantic": pedantic, "headers": True, "no_responders": True}
+        await raw.send(b"CONNECT %s\r\n" % json.dumps(options).encode())
+        pull = b'{"batch":10}'
+        await raw.send(
+            b"SUB _INBOX.raw.> 1\r\nPUB %s _INBOX.raw.next %d\r\n" % (NEXT.encode(), len(pull))
+        )
+        await raw.send(pull + b"\r\n")
+        assert await raw.sync()
+        acks = [reply for _, reply, _ in _frames(raw.take())]
+        assert len(acks) == 10
+        unknown = acks[0].replace(".P.C.", ".P.GONE.")
+        batch = [
+            (acks[0], b"", b""),
+            (acks[1], b"_INBOX.raw.r2", b"+ACK"),
+            (acks[2], b"", b"+TERM"),
+            (unknown, b"_INBOX.raw.gone", b"+ACK"),
+            ("$JS.ACK..P.C", b"", b""),
+            (acks[3], b"", b"+WPI"),
+            *((a, b"", b"+ACK") for a in acks[4:]),
+        ]
+        await raw.send(
+            b"".join(
+                b"PUB %s %s%d\r\n%s\r\n"
+                % (s.encode(), reply + b" " if reply else b"", len(body), body)
+                for s, reply, body in batch
+            )
+        )
+        assert await raw.sync()
+        answer = raw.take()
+        replies = _frames(answer)
+    finally:
+        await raw.close()
+    assert replies[0] == ("_INBOX.raw.r2", "", b"")  # the ack's empty reply
+    assert replies[1][0] == "_INBOX.raw.gone" and replies[1][2].startswith(b"NATS/1.0 503")
+    assert len(replies) == 2
+    assert (b"-ERR 'Invalid Publish Subject'" in answer) == pedantic
+    info = await nc.jetstream().consumer_info("P", "C")
+    assert info.num_ack_pending == 1  # the message in progress
+    assert info.ack_floor.stream_seq == 3 and info.num_redelivered == 0
+    if monitored:
+        await _settle([seen], 11)
+        assert [m.subject for m in seen] == [a for a, _, _ in batch if ".." not in a]

@@ -712,3 +712,81 @@ class RunRecorder(Recorder):
         assert len(replies) == len(payloads) > 0
         for reply, payload in zip(replies, payloads, strict=True):
             self.calls.append(("pub", subject, reply, payload))
+
+
+# Ack PUBs (each to its own ``$JS.ACK.…`` subject), and near misses of that shape: the
+# parser hands those it finds in one read to ``on_pub_batch``, which must give what it
+# gives a byte at a time.
+_ACK_SUBJECTS = [b"$JS.ACK.S.C.1.%d.%d.1.0" % (i, i) for i in (1, 2, 30)]
+
+
+@st.composite
+def _ack_frames(draw: st.DrawFn) -> bytes:
+    """A frame like ``PUB $JS.ACK.S.C.1.2.2.1.0 [reply] 4`` + ``+ACK``; one in a few is
+    a near miss."""
+    parts = {"subj": draw(st.sampled_from(_ACK_SUBJECTS)), "sep": b" "}
+    parts["rep"] = draw(st.sampled_from([b"", b"r.1 "]))
+    data = draw(st.sampled_from([b"", b"+ACK", b"-NAK"]))
+    parts.update({"size": b"%d" % len(data), "data": data, "end": b"\r\n"})
+    odd = draw(st.sampled_from(["", "", "", "subj", "sep", "rep", "size", "data", "end"]))
+    if odd:
+        parts[odd] = draw(
+            st.sampled_from(
+                {
+                    "subj": [b"$JS.ACKS", b"$JS.ACK.", b"$JS.ACK..x", b"$JS.ACK." + b"a" * 70],
+                    "sep": [b"  ", b"\t"],
+                    "rep": [b"a b ", b"r\t", b"a" * 70 + b" "],
+                    "size": [b"9", b"01", b"x", b"9999999999", b"+1"],
+                    "data": [b"ab", b"+ACK+ACK"],
+                    "end": [b"\n", b"xx"],
+                }[odd]
+            )
+        )
+    return b"PUB %s%s%s%s\r\n%s%s" % tuple(
+        parts[k] for k in ("subj", "sep", "rep", "size", "data", "end")
+    )
+
+
+class BatchRecorder(RunRecorder):
+    """Also takes batches of acks (``on_pub_batch``), recorded as the PUBs they stand for."""
+
+    def on_pub_batch(self, subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
+        assert len(subjects) == len(replies) == len(payloads) > 0
+        for subject, reply, payload in zip(subjects, replies, payloads, strict=True):
+            self.calls.append(("pub", subject, reply, payload))
+
+
+@FUZZ
+@given(
+    st.lists(st.one_of(_ack_frames(), _reply_run_frames()), max_size=12),
+    st.sampled_from([b"", b"PING\r\n", b"PUB $JS.ACK.S"]),
+)
+def test_acks_in_one_read_parse_as_byte_by_byte(frames: list[bytes], trailer: bytes) -> None:
+    data = b"".join(frames) + trailer
+    kwargs: dict[str, Any] = {"max_control_line": 64, "max_payload": 8, "server_side": True}
+    calls, error = parse([data[i : i + 1] for i in range(len(data))], **kwargs)
+    for recorder in (Recorder(), BatchRecorder()):
+        whole_calls, whole_error = parse(data, recorder=recorder, **kwargs)
+        assert whole_calls == calls
+        assert (whole_error is None) == (error is None)
+        if whole_error is not None and error is not None:
+            assert (whole_error.message, whole_error.silent) == (error.message, error.silent)
+
+
+class CountingBatchRecorder(BatchRecorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def on_pub_batch(self, subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
+        self.batches.append(len(subjects))
+        super().on_pub_batch(subjects, replies, payloads)
+
+
+def test_a_batch_of_acks_is_one_call() -> None:
+    acks = b"".join(b"PUB $JS.ACK.S.C.1.%d.%d.1.0 0\r\n\r\n" % (i, i) for i in range(1, 6))
+    recorder = CountingBatchRecorder()
+    calls, error = parse(acks + b"PING\r\n" + acks[:20], recorder=recorder, server_side=True)
+    assert error is None and recorder.batches == [5]
+    assert calls[0] == ("pub", "$JS.ACK.S.C.1.1.1.1.0", "", b"") and calls[5] == ("ping",)
+    assert len(calls) == 6  # the partial ack after the PING waits for its bytes

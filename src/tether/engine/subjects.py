@@ -434,10 +434,23 @@ class SubjectIndex(Generic[T]):
             return shared
         match = self.match_once(subject)
         if stem not in self._beneath:
-            if len(self._beneath) >= 64:
-                self._beneath.clear()
-            self._beneath[stem] = match if self._only_gt_beneath(stem) else None
+            self._remember_beneath(stem, match)
         return match
+
+    def shared_beneath(self, stem: str, subject: str) -> Match[T] | None:
+        """The match every subject beneath ``stem`` shares (see :meth:`match_beneath`),
+        computed from ``subject`` (a valid literal beneath it) if need be; None while
+        subjects beneath ``stem`` may match differently."""
+        if stem in self._beneath:
+            return self._beneath[stem]
+        return self._remember_beneath(stem, self.match_once(subject))
+
+    def _remember_beneath(self, stem: str, match: Match[T]) -> Match[T] | None:
+        if len(self._beneath) >= 64:
+            self._beneath.clear()
+        shared = match if self._only_gt_beneath(stem) else None
+        self._beneath[stem] = shared
+        return shared
 
     def _only_gt_beneath(self, stem: str) -> bool:
         """Whether no entry below ``stem`` depends on the tokens after it (only ``>``)."""

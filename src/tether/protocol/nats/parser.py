@@ -70,6 +70,21 @@ class RunHandler(Handler, Protocol):
     def on_pub_run(self, subject: str, replies: list[str], payloads: list[bytes]) -> None: ...
 
 
+class BatchHandler(Handler, Protocol):
+    """A handler that also takes consecutive PUBs without headers, each to its own
+    subject, in one call: the same as ``on_pub`` for each, in order. The parser uses it
+    when the handler has it, for acks (``PUB $JS.ACK.…``) it finds in one read: the one
+    high-rate kind of PUB whose subject changes with every message."""
+
+    def on_pub_batch(
+        self, subjects: list[str], replies: list[str], payloads: list[bytes]
+    ) -> None: ...
+
+
+# The start of an ack's PUB line (see Parser._ack_run).
+_ACK_PUB = b"PUB $JS.ACK."
+_ACK_PUB_LEN = len(_ACK_PUB)
+
 # Payload kinds awaiting their bytes.
 _PUB, _HPUB, _MSG, _HMSG = 1, 2, 3, 4
 
@@ -186,6 +201,7 @@ class Parser:
         "_hsize",
         "_kind",
         "_need",
+        "_on_pub_batch",
         "_on_pub_run",
         "_pub_lines",
         "_subjects",
@@ -206,6 +222,10 @@ class Parser:
         # A handler may take runs of PUBs to one subject in one call (see RunHandler).
         self._on_pub_run: Callable[[str, list[str], list[bytes]], None] | None = getattr(
             handler, "on_pub_run", None
+        )
+        # ... and runs of acks, each to its own subject (see BatchHandler).
+        self._on_pub_batch: Callable[[list[str], list[str], list[bytes]], None] | None = getattr(
+            handler, "on_pub_batch", None
         )
         self.max_payload = max_payload
         self.max_control_line = max_control_line
@@ -298,6 +318,11 @@ class Parser:
             line = buf[pos : nl - 1] if nl > pos and buf[nl - 1] == 13 else buf[pos:nl]
             if nl - pos > max_line:
                 self._check_long_line(line)
+            if line.startswith(_ACK_PUB) and self._on_pub_batch is not None:
+                after = self._ack_run(buf, pos)
+                if after > pos:
+                    pos = after
+                    continue
             pos = nl + 1
             hit = pub_lines.get(line)
             if hit is not None:
@@ -420,6 +445,58 @@ class Parser:
             pos = end
         if payloads and on_pub_run is not None:
             on_pub_run(subject, replies, payloads)
+        return pos
+
+    def _ack_run(self, buf: bytes, pos: int) -> int:
+        """Complete ``PUB $JS.ACK.… [reply] <size>`` frames from ``pos`` (the start of a
+        line), handed to ``on_pub_batch`` in one call. Only lines the general path would
+        take as they are (CRLF, plain size within the limit) are handled; anything else
+        is left to it. Returns the position after the last frame handled."""
+        on_pub_batch = self._on_pub_batch
+        assert on_pub_batch is not None
+        n = len(buf)
+        max_line = self.max_control_line
+        max_payload = self.max_payload
+        sizes = _SIZES
+        subjects: list[str] = []
+        replies: list[str] = []
+        payloads: list[bytes] = []
+        startswith = buf.startswith
+        find = buf.find
+        while startswith(_ACK_PUB, pos):
+            nl = find(b"\n", pos + _ACK_PUB_LEN)
+            if nl < 0 or nl - pos > max_line or buf[nl - 1] != 13:
+                break
+            parts = buf[pos + 4 : nl - 1].split()
+            argc = len(parts)
+            if argc == 2:
+                reply = ""
+            elif argc == 3:
+                reply = parts[1].decode("utf-8", "surrogateescape")
+            else:
+                break
+            raw = parts[argc - 1]
+            size = sizes.get(raw)
+            if size is None:
+                if not raw.isdigit() or len(raw) > 9:
+                    break
+                size = int(raw)
+            if size > max_payload:
+                break
+            start = nl + 1
+            end = start + size + 2
+            if end > n:
+                break
+            if buf[end - 2] != 13 or buf[end - 1] != 10:
+                if payloads:
+                    on_pub_batch(subjects, replies, payloads)  # the frames before the error
+                raise ProtocolError(UNKNOWN_OPERATION)
+            subjects.append(parts[0].decode("utf-8", "surrogateescape"))
+            replies.append(reply)
+            payloads.append(buf[start : end - 2])
+            pos = end
+        if payloads:
+            on_pub_batch(subjects, replies, payloads)
         return pos
 
     def _partial(self, buf: bytes, pos: int) -> int:

@@ -489,6 +489,19 @@ class ClientConnection(asyncio.Protocol):
             self._run_replies = replies
             self._run_payloads = payloads
 
+    def on_pub_batch(self, subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
+        """Consecutive PUBs, each to its own subject (acks), parsed in one go: ``on_pub``
+        for each."""
+        if not self._runs:
+            for subject, reply, payload in zip(subjects, replies, payloads, strict=True):
+                self.on_pub(subject, reply, payload)
+            return
+        if self._run_payloads:
+            self._end_run()
+        self.in_msgs += len(payloads)
+        self.in_bytes += sum(map(len, payloads))
+        self.server.router.publish_batch(self, subjects, replies, payloads)
+
     def _end_run(self) -> None:
         replies, payloads = self._run_replies, self._run_payloads
         self._run_replies = []

@@ -141,7 +141,7 @@ class ConsumerApi:
         sub = self.router.subscribe_internal
         self._subs = [
             sub("$JS.API.CONSUMER.MSG.NEXT.*.*", self._on_next),
-            sub("$JS.ACK.>", self._on_ack),
+            sub("$JS.ACK.>", self._on_ack, batch_handler=self._on_acks),
             sub("$JS.FC.>", self._on_flow_control),
         ]
         if self.server is not None:
@@ -380,6 +380,23 @@ class ConsumerApi:
             return
         if reply:
             self.router.publish(None, reply, "", None, b"")
+
+    def _on_acks(self, subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
+        """``_on_ack`` for each of a batch of acks, in order; plain ``+ACK``s without a
+        reply (nearly all of them) take the short way."""
+        streams = self._streams
+        for subject, reply, body in zip(subjects, replies, payloads, strict=True):
+            if reply or (body and body != b"+ACK"):
+                self._on_ack(subject, reply, None, body)
+                continue
+            target = parse_ack_subject(subject)
+            if target is None:
+                continue
+            stream, name, seq = target
+            consumers = streams.get(stream)
+            consumer = consumers.get(name) if consumers is not None else None
+            if consumer is not None and seq >= 0:
+                consumer.ack(seq)
 
     def _on_flow_control(
         self, subject: str, reply: str, headers: bytes | None, payload: bytes

@@ -35,6 +35,8 @@ class Subscriber(Protocol):
 InternalHandler = Callable[[str, str, bytes | None, bytes], None]
 # (subject, replies, payloads): a run of header-less messages to one subject, in order.
 RunHandler = Callable[[str, list[str], list[bytes]], None]
+# (subjects, replies, payloads): a batch of header-less messages, each to its subject.
+BatchHandler = Callable[[list[str], list[str], list[bytes]], None]
 
 
 class InternalSubscription:
@@ -42,10 +44,12 @@ class InternalSubscription:
 
     With a ``run_handler``, a run of messages without headers published to one subject
     by one connection (see :meth:`Router.publish_many`) is handed over in one call,
-    which must have the effect of ``handler`` called for each message in turn.
+    which must have the effect of ``handler`` called for each message in turn. A
+    ``batch_handler`` does the same for a batch of acks, each to its own subject (see
+    :meth:`Router.publish_batch`).
     """
 
-    __slots__ = ("client", "handler", "queue", "run_handler", "subject")
+    __slots__ = ("batch_handler", "client", "handler", "queue", "run_handler", "subject")
 
     def __init__(
         self,
@@ -53,11 +57,13 @@ class InternalSubscription:
         handler: InternalHandler,
         queue: str = "",
         run_handler: RunHandler | None = None,
+        batch_handler: BatchHandler | None = None,
     ) -> None:
         self.subject = subject
         self.handler = handler
         self.queue = queue
         self.run_handler = run_handler
+        self.batch_handler = batch_handler
         self.client: ClientConnection | None = None
 
     def deliver(
@@ -69,6 +75,11 @@ class InternalSubscription:
 # Pre-built no-responders status: nats-server names the original subject in a header.
 def _no_responders_block(subject: str) -> bytes:
     return b"NATS/1.0 503\r\nNats-Subject: " + encode(subject) + b"\r\n\r\n"
+
+
+def _plain_literal(subject: str) -> bool:
+    """No empty token (the rest of a published subject is not checked, as in publish)."""
+    return ".." not in subject and subject[0] != "." and subject[-1] != "."
 
 
 # Subjects that are (almost) never published to twice: caching their matches would
@@ -97,8 +108,9 @@ class Router:
         handler: InternalHandler,
         queue: str = "",
         run_handler: RunHandler | None = None,
+        batch_handler: BatchHandler | None = None,
     ) -> InternalSubscription:
-        sub = InternalSubscription(subject, handler, queue, run_handler)
+        sub = InternalSubscription(subject, handler, queue, run_handler, batch_handler)
         self.index.add(subject, sub, queue or None)
         return sub
 
@@ -192,6 +204,48 @@ class Router:
                     return
         for reply, payload in zip(replies, payloads, strict=True):
             publish(origin, subject, reply, None, payload)
+
+    def publish_batch(
+        self,
+        origin: ClientConnection,
+        subjects: list[str],
+        replies: list[str],
+        payloads: list[bytes],
+    ) -> None:
+        """:meth:`publish` for each of a batch of header-less messages, in order.
+
+        Meant for acks: while the server's own ``$JS.ACK.>`` is all that reaches beneath
+        ``$JS.ACK`` and it takes batches, the valid ack subjects go to it in one call per
+        stretch between the others, which are published one by one in their place.
+        """
+        publish = self.publish
+        handler = self._ack_batch_handler(subjects[0])
+        if handler is None:
+            for subject, reply, payload in zip(subjects, replies, payloads, strict=True):
+                publish(origin, subject, reply, None, payload)
+            return
+        start = 0
+        for i, subject in enumerate(subjects):
+            if not (subject.startswith(_ACK) and _plain_literal(subject)):
+                if i > start:
+                    handler(subjects[start:i], replies[start:i], payloads[start:i])
+                publish(origin, subject, replies[i], None, payloads[i])
+                start = i + 1
+        if start == 0:
+            handler(subjects, replies, payloads)
+        elif start < len(subjects):
+            handler(subjects[start:], replies[start:], payloads[start:])
+
+    def _ack_batch_handler(self, subject: str) -> BatchHandler | None:
+        """The batch handler of the one subscriber of every subject beneath ``$JS.ACK``,
+        if there is one; ``subject`` is any published subject."""
+        if not (subject.startswith(_ACK) and _plain_literal(subject)):
+            return None
+        shared = self.index.shared_beneath(_ACK_STEM, subject)
+        if shared is None or len(shared.plain) != 1 or shared.groups:
+            return None
+        sub = shared.plain[0]
+        return sub.batch_handler if type(sub) is InternalSubscription else None
 
     def publish_replies(self, replies: list[str], bodies: list[bytes]) -> None:
         """``publish(None, reply, "", None, body)`` for each pair, in order (PubAcks).
