@@ -13,7 +13,9 @@ then measures, each on the whole stream:
   ``availableNow`` trigger: end-to-end rows/s including micro-batch planning.
 
 Rows/s = messages / wall time of the Spark action (session and Python worker start
-excluded: a small read warms the workers up first). Tether
+excluded: a read of ``min(--messages, 100k)`` rows warms the workers and the JVM up
+first); each batch read is repeated ``--repeat`` times (3) and the median is reported,
+with every run printed. Tether
 and nats-server (``-js``, file store) are measured in the same run, one after the
 other with the same Spark session, and a table with the ratios closes the output.
 
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -116,13 +119,15 @@ def timed(action: Any) -> float:
 def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, float]:
     results: dict[str, float] = {}
     n = args.messages
-    # Warm up: the first action of a session starts the Python workers (seconds).
+    # Warm up: the first action of a session starts the Python workers (seconds), and
+    # the JVM compiles its Arrow-to-row path during the first large read.
     warm = (
         spark.read.format("tether")
         .option("servers", url)
         .option("stream", "BENCH")
-        .option("endingOffsets", str(min(n, 1000) + 1))
+        .option("endingOffsets", str(min(n, 100_000) + 1))
         .option("minPartitions", str(args.partitions))
+        .option("readMethod", args.read_method)
         .load()
     )
     warm.selectExpr("count(*)").collect()
@@ -136,11 +141,16 @@ def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, floa
             .option("readMethod", args.read_method)
             .load()
         )
-        start = time.perf_counter()
-        (count,) = df.selectExpr("count(*)").collect()[0]
-        elapsed = time.perf_counter() - start
-        assert count == n, count
-        results[label] = n / elapsed
+        rates = []
+        for _ in range(args.repeat if fmt == "tether" else 1):
+            start = time.perf_counter()
+            (count,) = df.selectExpr("count(*)").collect()[0]
+            elapsed = time.perf_counter() - start
+            assert count == n, count
+            rates.append(n / elapsed)
+        if len(rates) > 1:
+            print(f"  {label}: " + ", ".join(f"{r:,.0f}" for r in rates) + " rows/s")
+        results[label] = statistics.median(rates)
     checkpoint = tempfile.mkdtemp(prefix="tether-spark-bench-")
     query = (
         spark.readStream.format("tether")
@@ -198,6 +208,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--per-trigger", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3, help="batch Arrow reads (median)")
     parser.add_argument("--store", default="memory", help="Tether store: memory or sqlite")
     parser.add_argument(
         "--peers", default="tether,nats-server", help="comma-separated: tether, nats-server"

@@ -19,6 +19,7 @@ import pytest
 
 from tether.storage import (
     ConsumerRecord,
+    MessageColumns,
     MessageMeta,
     StorageError,
     Store,
@@ -170,25 +171,25 @@ async def test_read_range_max_bytes(store: Store) -> None:
 
 
 @pytest.mark.parametrize("own", [True, False], ids=["backend", "base-default"])
-async def test_read_rows(store: Store, own: bool) -> None:
-    """Rows in ``[start, last]``, gaps skipped, at most ``limit``; the backend's own
-    version and the base class's default give the same rows."""
+async def test_read_columns(store: Store, own: bool) -> None:
+    """Columns of the messages in ``[start, last]``, gaps skipped, at most ``limit``;
+    the backend's own version and the base class's default give the same columns."""
     messages = await fill(store, "s", range(1, 11))
     await store.delete_messages("s", [4, 5, 9])
-    read = store.read_rows if own else functools.partial(Store.read_rows, store)
+    read = store.read_columns if own else functools.partial(Store.read_columns, store)
 
-    def rows(*seqs: int) -> list[tuple[int, str, bytes, bytes, int]]:
-        return [(m.seq, m.subject, m.headers, m.data, m.ts) for m in messages if m.seq in seqs]
+    def rows(*seqs: int) -> MessageColumns:
+        return MessageColumns.of([m for m in messages if m.seq in seqs])
 
     assert await read("s", 1, 10, 100) == rows(1, 2, 3, 6, 7, 8, 10)
     assert await read("s", 2, 7, 100) == rows(2, 3, 6, 7)
     assert await read("s", 3, 10, 3) == rows(3, 6, 7)  # the limit counts live rows
-    assert await read("s", 4, 5, 10) == []
-    assert await read("s", 9, 9, 10) == []
-    assert await read("s", 11, 20, 10) == []
-    assert await read("s", 1, 10, 0) == []
-    assert await read("s", 5, 1, 10) == []
-    assert await read("missing", 1, 10, 10) == []
+    assert await read("s", 3, 10, 4) == rows(3, 6, 7, 8)
+    assert await read("s", 4, 10, 2) == rows(6, 7)  # a dead head, then the limit
+    for empty in [("s", 4, 5, 10), ("s", 9, 9, 10), ("s", 11, 20, 10), ("s", 1, 10, 0)]:
+        assert await read(*empty) == rows()
+    assert await read("s", 5, 1, 10) == rows()
+    assert await read("missing", 1, 10, 10) == rows()
 
 
 async def test_read_many(store: Store) -> None:

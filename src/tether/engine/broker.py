@@ -40,8 +40,8 @@ from tether.engine.stream_config import (
 )
 from tether.engine.subjects import filters_overlap
 from tether.storage.base import (
+    MessageColumns,
     MessageMeta,
-    MessageRow,
     StorageError,
     Store,
     StoredMessage,
@@ -624,18 +624,18 @@ class Broker:
             msgs = await self.store.read_many(stream.name, seqs)
         return msgs
 
-    async def read_rows(
+    async def read_columns(
         self, stream: Stream, start_seq: int, last_seq: int, limit: int
-    ) -> list[MessageRow]:
-        """Up to ``limit`` live messages in ``[start_seq, last_seq]`` as rows, in order,
-        once durable (bulk reads).
+    ) -> MessageColumns:
+        """Up to ``limit`` live messages in ``[start_seq, last_seq]`` as columns, in
+        order, once durable (bulk reads).
 
         Messages still in a commit are not in the store yet: wait for it rather than
         return a range with holes that are not deletions.
         """
         if self._ticks and stream.last_seq >= start_seq:
             await self._settled()
-        return await self.store.read_rows(stream.name, start_seq, last_seq, limit)
+        return await self.store.read_columns(stream.name, start_seq, last_seq, limit)
 
     # -- max_age ------------------------------------------------------------------------------------
     def _expire(self, stream: Stream) -> None:

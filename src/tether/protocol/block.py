@@ -13,8 +13,8 @@ columns:
 That is Apache Arrow's layout for ``int64`` and ``binary``/``string`` arrays, so a
 reader with pyarrow wraps the columns without copying them; without pyarrow the
 accessors below slice them. Headers are the raw ``NATS/1.0`` blocks as stored (empty
-for a message without headers, and empty for every message when the request said
-``no_hdr``).
+for a message without headers). Both header columns are empty (no offsets at all)
+when no message of the block has headers, or when the request said ``no_hdr``.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ def encode_block(
     headers: Sequence[bytes] | None,
     data: Sequence[bytes],
 ) -> bytes:
-    """The wire form of one block; ``headers=None`` leaves the header columns empty."""
+    """The wire form of one block; ``headers=None`` leaves the header columns empty, as
+    do headers that are all empty."""
     joined = "".join(subjects)
     subject_buf = joined.encode()
     if len(subject_buf) == len(joined):  # ASCII, the usual case: lengths are byte counts
@@ -116,7 +117,7 @@ def encode_block(
     else:
         encoded = [s.encode() for s in subjects]
         subject_offsets = _offsets(encoded)
-    if headers is None:
+    if headers is None or not any(headers):
         header_offsets = header_buf = b""
     else:
         header_offsets, header_buf = _offsets(headers), b"".join(headers)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tether.storage.base import (
     ConsumerRecord,
+    MessageColumns,
     MessageMeta,
-    MessageRow,
     StorageError,
     Store,
     StoredMessage,
@@ -22,8 +22,8 @@ from tether.storage.base import (
 
 __all__ = [
     "ConsumerRecord",
+    "MessageColumns",
     "MessageMeta",
-    "MessageRow",
     "StorageError",
     "Store",
     "StoredMessage",

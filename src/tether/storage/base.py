@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from operator import attrgetter
+from typing import NamedTuple
 
 import msgspec
 
@@ -54,8 +56,33 @@ class MessageMeta(msgspec.Struct, frozen=True, gc=False, array_like=True):
     priority: int = 0
 
 
-# (seq, subject, headers, data, ts) of one stored message, as bulk reads return them.
-MessageRow = tuple[int, str, bytes, bytes, int]
+class MessageColumns(NamedTuple):
+    """Stored messages column by column, in ascending sequence order: the bulk-read
+    form (the columns of a message block), which backends can produce without a
+    message object, or even a Python frame, per row."""
+
+    seqs: list[int]
+    subjects: list[str]
+    headers: list[bytes]
+    data: list[bytes]
+    stamps: list[int]  # store times, ns since the epoch
+
+    @classmethod
+    def of(cls, msgs: Sequence[StoredMessage]) -> MessageColumns:
+        return cls(
+            list(map(_seq, msgs)),
+            list(map(_subject, msgs)),
+            list(map(_headers, msgs)),
+            list(map(_data, msgs)),
+            list(map(_ts, msgs)),
+        )
+
+
+_seq = attrgetter("seq")
+_subject = attrgetter("subject")
+_headers = attrgetter("headers")
+_data = attrgetter("data")
+_ts = attrgetter("ts")
 
 
 class StreamRecord(msgspec.Struct, frozen=True):
@@ -128,14 +155,13 @@ class Store(ABC):
         total of :attr:`StoredMessage.size` over it (but always holds at least one).
         """
 
-    async def read_rows(
+    async def read_columns(
         self, stream: str, start_seq: int, last_seq: int, limit: int
-    ) -> list[MessageRow]:
+    ) -> MessageColumns:
         """Up to ``limit`` messages with ``start_seq <= seq <= last_seq``, in order, as
-        ``(seq, subject, headers, data, ts)`` tuples: the bulk-read form, which backends
-        can produce without a message object per row."""
+        columns (the bulk-read form)."""
         msgs = await self.read_range(stream, start_seq, min(limit, last_seq - start_seq + 1))
-        return [(m.seq, m.subject, m.headers, m.data, m.ts) for m in msgs if m.seq <= last_seq]
+        return MessageColumns.of([m for m in msgs if m.seq <= last_seq])
 
     @abstractmethod
     async def read_many(self, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:

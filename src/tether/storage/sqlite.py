@@ -30,8 +30,8 @@ import msgspec
 
 from tether.storage.base import (
     ConsumerRecord,
+    MessageColumns,
     MessageMeta,
-    MessageRow,
     StorageError,
     StoredMessage,
     StreamRecord,
@@ -528,14 +528,16 @@ def _read_range(
     return out
 
 
-def _read_rows(
+def _read_columns(
     conn: sqlite3.Connection, stream: str, start_seq: int, last_seq: int, limit: int
-) -> list[MessageRow]:
-    # fetchall builds the row tuples in C: no Python frame per row.
-    rows: list[MessageRow] = conn.execute(
-        SQL_READ_ROWS, (stream, start_seq, last_seq, limit)
-    ).fetchall()
-    return rows
+) -> MessageColumns:
+    # fetchall builds the row tuples in C, zip turns them into columns: no Python
+    # frame per row.
+    rows = conn.execute(SQL_READ_ROWS, (stream, start_seq, last_seq, limit)).fetchall()
+    if not rows:
+        return MessageColumns([], [], [], [], [])
+    seqs, subjects, headers, data, stamps = map(list, zip(*rows, strict=True))
+    return MessageColumns(seqs, subjects, headers, data, stamps)
 
 
 def _read_many(conn: sqlite3.Connection, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
@@ -702,13 +704,13 @@ class SqliteStore(BatchingStore):
             lambda conn: _read_range(conn, stream, start_seq, limit, max_bytes)
         )
 
-    async def read_rows(
+    async def read_columns(
         self, stream: str, start_seq: int, last_seq: int, limit: int
-    ) -> list[MessageRow]:
+    ) -> MessageColumns:
         if limit <= 0 or last_seq < start_seq:
-            return []
+            return MessageColumns([], [], [], [], [])
         return await self._run_read(
-            lambda conn: _read_rows(conn, stream, start_seq, last_seq, limit)
+            lambda conn: _read_columns(conn, stream, start_seq, last_seq, limit)
         )
 
     async def read_many(self, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:

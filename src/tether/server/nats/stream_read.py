@@ -35,7 +35,7 @@ import msgspec
 
 from tether.engine.subjects import is_valid_filter
 from tether.protocol.block import encode_block
-from tether.storage.base import MessageRow
+from tether.storage.base import MessageColumns
 
 if TYPE_CHECKING:
     from tether.engine.broker import Broker
@@ -159,34 +159,33 @@ class StreamReadApi:
                 break
             want = min(remaining, last - covered, MAX_BLOCK_ROWS)
             limit_bytes = min(block_bytes, budget)
-            rows: list[MessageRow]
+            cols: MessageColumns
             if filters:
                 seqs, scanned = _select(stream, covered + 1, last, want, limit_bytes, filters)
-                msgs = await self.broker.read_many(stream, seqs)
-                rows = [(m.seq, m.subject, m.headers, m.data, m.ts) for m in msgs]
+                cols = MessageColumns.of(await self.broker.read_many(stream, seqs))
             else:
-                # Rows, not message objects, straight from the store; a block holds
+                # Columns, not message objects, straight from the store; a block holds
                 # about ``block_bytes`` by the stream's average message size.
                 state = stream.state
                 average = max(1, state.bytes // max(1, state.msgs))
                 count = max(1, min(want, limit_bytes // average))
                 async with self._reading:
-                    rows = await self.broker.read_rows(stream, covered + 1, last, count)
-                scanned = rows[-1][0] if len(rows) == count else last
+                    cols = await self.broker.read_columns(stream, covered + 1, last, count)
+                scanned = cols.seqs[-1] if len(cols.seqs) == count else last
             covered = max(covered, scanned)
-            if rows:
-                budget -= self._send_block(reply, rows, with_headers=not req.no_hdr)
-                remaining -= len(rows)
+            if cols.seqs:
+                budget -= self._send_block(reply, cols, with_headers=not req.no_hdr)
+                remaining -= len(cols.seqs)
                 await asyncio.sleep(0)  # let the connection flush between blocks
         return covered
 
-    def _send_block(self, reply: str, rows: list[MessageRow], with_headers: bool) -> int:
+    def _send_block(self, reply: str, cols: MessageColumns, with_headers: bool) -> int:
         """Publish one block; returns its size as streams count bytes."""
-        seqs, subjects, headers, data, stamps = zip(*rows, strict=True)
+        seqs, subjects, headers, data, stamps = cols
         payload = encode_block(seqs, stamps, subjects, headers if with_headers else None, data)
         self.router.publish(None, reply, "", None, payload)
         return (
-            sum(map(len, subjects)) + sum(map(len, headers)) + sum(map(len, data)) + 16 * len(rows)
+            sum(map(len, subjects)) + sum(map(len, headers)) + sum(map(len, data)) + 16 * len(seqs)
         )
 
 
