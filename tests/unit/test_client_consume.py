@@ -133,37 +133,51 @@ async def test_reconnect_pulls_again(setup: Setup) -> None:
     await stream.stop()
 
 
-async def test_no_responders_is_reported_and_pulled_again_later() -> None:
-    """A 503 (the server still restoring its consumers, say) does not end the stream:
-    it is reported, and the pull is repeated after a growing delay."""
+@pytest.mark.parametrize(
+    ("code", "description", "error"),
+    [(503, "", "NoResponders"), (409, "Server Shutdown", "PullError")],
+    ids=["no-responders", "server-shutdown"],
+)
+async def test_no_responders_is_reported_and_pulled_again_later(
+    code: int, description: str, error: str
+) -> None:
+    """A 503 (the server still restoring its consumers, say) or a 409 Server Shutdown
+    (every waiting request dropped) does not end the stream: it is reported, and the
+    pull is repeated after a growing delay."""
     reported: list[Exception] = []
     async with ScriptedServer() as server:
         nc = await connect(server.url, error_cb=reported.append)
         peer = await server.connection()
         sub = await nc.jetstream().pull_subscribe("bar", "dur")
         sid = (await peer.expect("SUB")).args[1]
-        await _no_responders_flow(peer, sub, sid, reported)
+        await _no_responders_flow(peer, sub, sid, reported, code, description)
+        assert [type(e).__name__ for e in reported] == [error, error]
         await nc.close()
 
 
 async def _no_responders_flow(
-    peer: ScriptedConnection, sub: PullSubscription, sid: str, reported: list[Exception]
+    peer: ScriptedConnection,
+    sub: PullSubscription,
+    sid: str,
+    reported: list[Exception],
+    code: int = 503,
+    description: str = "",
 ) -> None:
     stream = sub.messages(batch=5, expires=5.0, heartbeat=None)
     waiting = asyncio.create_task(stream.__anext__())
     reply = (await peer.expect("PUB")).args[1]
     loop = asyncio.get_running_loop()
-    peer.send(status(reply, sid, 503, ""))
+    peer.send(status(reply, sid, code, description))
     sent = loop.time()
     again = await peer.expect("PUB", within=2)
     first_gap = loop.time() - sent
     assert again.json()["batch"] == 5 and 0.08 <= first_gap < 1.0
-    peer.send(status(reply, sid, 503, ""))
+    peer.send(status(reply, sid, code, description))
     sent = loop.time()
     await peer.expect("PUB", within=2)
     assert loop.time() - sent >= 0.18  # doubled
     assert not waiting.done()
     peer.send(msg(sid, 1))
     assert (await asyncio.wait_for(waiting, 2)).metadata.stream_seq == 1
-    assert [type(e).__name__ for e in reported] == ["NoResponders", "NoResponders"]
+    assert len(reported) == 2
     await stream.stop()

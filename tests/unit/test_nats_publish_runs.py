@@ -2,7 +2,9 @@
 exactly what routing each message on its own writes.
 
 A connection hands the header-less PUBs of one read to one subject to the router as a
-run (``Router.publish_many``), and PubAcks go out through ``Router.publish_replies``.
+run (``Router.publish_many``), or, when the subjects of consecutive PUBs all go to one
+stream capture and nothing else, straight to its batch handler; PubAcks go out through
+``Router.publish_replies``.
 Each is compared with the message-by-message path on an identical server.
 """
 
@@ -64,7 +66,7 @@ def written(conn: ClientConnection, transport: FakeTransport) -> bytes:
 
 # -- runs of PUBs ---------------------------------------------------------------------------
 
-SUBJECTS = ["cap.x", "cap.y", "sub.a", "a..b"]
+SUBJECTS = ["cap.x", "cap.y", "cap.z.1", "sub.a", "a..b"]
 frames = st.one_of(
     st.tuples(st.just("pub"), st.sampled_from(SUBJECTS), st.booleans(), st.binary(max_size=3)).map(
         lambda f: (
@@ -76,6 +78,7 @@ frames = st.one_of(
             b"HPUB cap.x 12 13\r\nNATS/1.0\r\n\r\nh\r\n",
             b"SUB sub.* 1\r\n",
             b"SUB cap.x 2\r\n",
+            b"SUB cap.z.* 4\r\n",
             b"SUB r.1 3\r\n",
             b"UNSUB 1 2\r\n",
             b"UNSUB 2\r\n",
@@ -86,6 +89,9 @@ frames = st.one_of(
 
 
 async def _serve(stream: bytes, cuts: list[int], runs: bool) -> tuple[bytes, list[Any], int]:
+    """Feed ``stream`` (cut at ``cuts``) to a server whose capture of ``cap.*`` and
+    ``cap.z.*`` takes runs and batches; returns what was written, what the capture got
+    and how many runs and batches it got."""
     server = NatsServer(ServerConfig())
     captured: list[Any] = []
     run_calls = 0
@@ -98,7 +104,17 @@ async def _serve(stream: bytes, cuts: list[int], runs: bool) -> tuple[bytes, lis
         run_calls += 1
         captured.extend((subject, r, None, p) for r, p in zip(replies, payloads, strict=True))
 
-    server.router.subscribe_internal("cap.*", handler, run_handler=run_handler)
+    def batch_handler(subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
+        nonlocal run_calls
+        run_calls += 1
+        captured.extend(
+            (s, r, None, p) for s, r, p in zip(subjects, replies, payloads, strict=True)
+        )
+
+    for subject in ("cap.*", "cap.z.*"):
+        server.router.subscribe_internal(
+            subject, handler, run_handler=run_handler, batch_handler=batch_handler
+        )
     conn, transport = connect(server)
     written(conn, transport)
     conn.data_received(CONNECT)
@@ -137,6 +153,19 @@ async def test_a_read_of_pubs_to_a_capture_is_one_run() -> None:
     assert [c[1] for c in captured[:50]] == [f"r.{i}" for i in range(50)]
     assert captured[-1] == ("cap.y", "", None, b"")
     assert out == b""
+
+
+async def test_pubs_cycling_through_a_captures_subjects_are_one_run() -> None:
+    subjects = [b"cap.x", b"cap.y", b"cap.z.1"]
+    first = b"".join(b"PUB %s 1\r\n-\r\n" % s for s in subjects)  # each seen once
+    stream = b"".join(b"PUB %s r.%d 1\r\n%d\r\n" % (subjects[i % 3], i, i % 10) for i in range(60))
+    out, captured, run_calls = await _serve(first + b"PING\r\n" + stream, [], runs=True)
+    # Each subject's first message takes the general path; the 60 after the PING,
+    # cycling through two filters of the capture, are one batch.
+    assert run_calls == 1
+    names = ["cap.x", "cap.y", "cap.z.1"]
+    assert [c[:2] for c in captured[3:]] == [(names[i % 3], f"r.{i}") for i in range(60)]
+    assert out == b"PONG\r\n"
 
 
 # -- batches of replies ---------------------------------------------------------------------

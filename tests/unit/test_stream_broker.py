@@ -358,8 +358,10 @@ ticks = st.lists(
 
 
 async def _publish_ticks(
-    config: dict[str, Any], plan: list[Any], as_runs: bool
+    config: dict[str, Any], plan: list[Any], mode: str
 ) -> tuple[list[tuple[Any, ...]], list[Any], dict[str, Any]]:
+    """Publish the plan one message at a time (``one``), a run per subject (``runs``,
+    :meth:`Broker.publish_many`) or a tick's runs as one (``mixed``, ``publish_mixed``)."""
     store = FlakyStore()
     await store.open()
     broker = Broker(store, FakeClock())
@@ -373,14 +375,19 @@ async def _publish_ticks(
     n = 0
     for tick_runs, fails, seal_after in plan:
         store.full = fails
+        sink_or_none = None if stream.config.no_ack else sink
+        mixed: tuple[list[str], list[bytes], list[str]] = ([], [], [])
         for subject, msgs in tick_runs:
             payloads, replies = [], []
             for size, with_reply in msgs:
                 n += 1
                 payloads.append(b"%d" % n * size)
                 replies.append(f"_INBOX.{n}" if with_reply else "")
-            if as_runs:
-                sink_or_none = None if stream.config.no_ack else sink
+            if mode == "mixed":
+                mixed[0].extend([subject] * len(payloads))
+                mixed[1].extend(payloads)
+                mixed[2].extend(replies)
+            elif mode == "runs":
                 broker.publish_many(stream, subject, payloads, replies, sink_or_none)
             else:  # what the front door does for each message
                 for payload, reply in zip(payloads, replies, strict=True):
@@ -388,6 +395,8 @@ async def _publish_ticks(
                         broker.publish(stream, subject, None, payload, None)
                     else:
                         broker.publish_reply(stream, subject, None, payload, sink, reply)
+        if mode == "mixed":
+            broker.publish_mixed(stream, *mixed, sink_or_none)
         with contextlib.suppress(StorageError):
             await store.flush()
         store.full = False
@@ -408,6 +417,50 @@ async def _publish_ticks(
 @settings(max_examples=200, deadline=None)
 @given(limit_configs, ticks)
 def test_publish_many_is_publish_one_by_one(config: dict[str, Any], plan: list[Any]) -> None:
-    one_by_one = asyncio.run(_publish_ticks(config, plan, as_runs=False))
-    as_runs = asyncio.run(_publish_ticks(config, plan, as_runs=True))
-    assert as_runs == one_by_one
+    one_by_one = asyncio.run(_publish_ticks(config, plan, "one"))
+    assert asyncio.run(_publish_ticks(config, plan, "runs")) == one_by_one
+    assert asyncio.run(_publish_ticks(config, plan, "mixed")) == one_by_one
+
+
+class CallCountingSink(RecordingSink):
+    """Also writes down each ``pub_acked`` call as (first seq, number of replies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, int]] = []
+
+    def pub_acked(self, stream: str, first_seq: int, replies: list[str], duplicate: bool) -> None:
+        self.calls.append((first_seq, len(replies)))
+        super().pub_acked(stream, first_seq, replies, duplicate)
+
+
+async def test_runs_that_continue_each_other_are_acknowledged_together() -> None:
+    """A publisher alternating between subjects makes runs of one message; the runs of
+    one commit that follow each other for one sink get one PubAck call, in order."""
+    store = MemoryStore()
+    await store.open()
+    broker = Broker(store, FakeClock())
+    await broker.load()
+    await broker.create_stream("S", body(name="S", subjects=["s.*"]))
+    await broker.create_stream("T", body(name="T", subjects=["t.*"]))
+    s, t = broker.get_stream("S"), broker.get_stream("T")
+    a, b = CallCountingSink(), CallCountingSink()
+    plan = [(s, "s.a", a), (s, "s.b", a), (s, "s.a", a), (t, "t.a", a), (s, "s.b", a)]
+    plan += [(s, "s.b", b), (s, "s.a", a), (s, "s.b", a)]
+    for i, (stream, subject, sink) in enumerate(plan):
+        broker.publish_many(stream, subject, [b"x"], [f"r{i}"], sink)
+    await store.flush()
+    await asyncio.sleep(0)
+    assert a.calls == [(1, 3), (1, 1), (4, 1), (6, 2)]
+    assert b.calls == [(5, 1)]
+    assert [e[2:] for e in a.events if e[0] == "ack"] == [
+        (1, "r0"),
+        (2, "r1"),
+        (3, "r2"),
+        (1, "r3"),
+        (4, "r4"),
+        (6, "r6"),
+        (7, "r7"),
+    ]
+    broker.close()
+    await store.close()

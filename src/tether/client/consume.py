@@ -9,10 +9,12 @@ that ends early (408 at expiry, 409 limits) reports how many it never sent in it
 server forgot our requests: nothing is owed any more, and we pull again.
 
 A 503 (no responders) means no consumer answered the request: the server is still
-restoring its consumers after a restart, or the consumer is gone. As in nats.go's
-``Consume``, that is reported to the connection's error callback, not raised: the
-request is forgotten and pulled again after a backoff (0.1 s doubling to 2 s), so a
-stream rides out a server restart. A 409 ``Consumer Deleted`` still ends the stream.
+restoring its consumers after a restart, or the consumer is gone. A 409 ``Server
+Shutdown`` (or ``Leadership Change``) means the server dropped every waiting request
+on its way down. As in nats.go's ``Consume``, these are reported to the connection's
+error callback, not raised: the requests are forgotten and pulled again after a
+backoff (0.1 s doubling to 2 s) or a reconnect, so a stream rides out a server
+restart. A 409 ``Consumer Deleted`` still ends the stream.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ _RETRY_MAX = 2.0
 
 # 409 reasons that end one request but leave the consumer usable.
 _TRANSIENT_409 = ("exceeded maxwaiting", "batch completed", "message size exceeds maxbytes")
+# 409 reasons that end every waiting request of ours: reported, then pulled again.
+_DROPPED_409 = ("server shutdown", "leadership change")
 
 
 class MessageStream:
@@ -176,8 +180,10 @@ class MessageStream:
             self._owed = max(0, self._owed - pending) if pending else 0
             self._wake()
             return
-        if status == STATUS_NO_RESPONDERS:
-            # Every request of ours went unanswered the same way: forget them all.
+        if status == STATUS_NO_RESPONDERS or (
+            status == STATUS_CONFLICT and lowered.startswith(_DROPPED_409)
+        ):
+            # Every request of ours went unanswered (or was dropped): forget them all.
             self._owed = 0
             delay = min(_RETRY_MAX, self._retry_delay * 2) if self._retry_delay else _RETRY_FIRST
             self._retry_delay = delay

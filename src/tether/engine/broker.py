@@ -97,7 +97,7 @@ _Waiter = tuple[Any, str, int, list[str] | None, bool]
 class _Tick:
     """What one group commit carries besides the writes: who to tell when it lands."""
 
-    __slots__ = ("appended", "first_seq", "waiters")
+    __slots__ = ("appended", "first_seq", "merged", "waiters")
 
     def __init__(self) -> None:
         # (stream, first seq, last seq, msg id): a run of appends, newest last; a msg id
@@ -108,6 +108,9 @@ class _Tick:
         self.waiters: list[_Waiter] = []
         # The first sequence this commit holds, per stream (commits are in seq order).
         self.first_seq: dict[str, int] = {}
+        # The replies of the last waiter when this tick built that list by merging runs
+        # (see Broker._ran), so that later runs extend it in place.
+        self.merged: list[str] | None = None
 
 
 class Broker:
@@ -393,19 +396,89 @@ class Broker:
         if accepted:
             self._ran(stream, first, seq, sink, accepted)
 
+    def publish_mixed(
+        self,
+        stream: Stream,
+        subjects: list[str],
+        payloads: list[bytes],
+        replies: list[str],
+        sink: PubAckSink | None,
+    ) -> None:
+        """:meth:`publish_many` for a run whose messages each have their own subject
+        (``subjects[i]`` for ``payloads[i]``): the same outcome as publishing them one
+        by one. A stream without limits that could refuse or evict indexes the run in
+        one go; any other takes it a subject run at a time."""
+        cfg = stream.config
+        if cfg.sealed or cfg.max_msg_size >= 0 or cfg.discard == "new" or stream.evicts:
+            start = 0
+            n = len(subjects)
+            for i in range(1, n + 1):
+                if i == n or subjects[i] != subjects[start]:
+                    self.publish_many(
+                        stream, subjects[start], payloads[start:i], replies[start:i], sink
+                    )
+                    start = i
+            return
+        if not payloads:
+            return
+        now = self.clock.now()
+        sizes = [len(s) + 16 + len(p) for s, p in zip(subjects, payloads, strict=True)]
+        first = stream.append_mixed(subjects, sizes, now)
+        store_append = self.store.append
+        name = stream.name
+        seq = first
+        for subject, payload in zip(subjects, payloads, strict=True):
+            store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
+            seq += 1
+        self._ran(stream, first, seq - 1, sink, replies)
+
     def _ran(
         self, stream: Stream, first: int, last: int, sink: PubAckSink | None, replies: list[str]
     ) -> None:
-        """Book a run of appends stored at ``first..last`` into the current tick."""
+        """Book a run of appends stored at ``first..last`` into the current tick.
+
+        A run that continues the tick's last one (same stream, next sequence, same
+        sink) is merged into it: a publisher alternating between subjects sends runs of
+        one message, which are then acknowledged together all the same.
+        """
         tick = self._tick_for(self.store.flush())
-        tick.appended.append((stream, first, last, ""))
         name = stream.name
-        if name not in tick.first_seq:
-            tick.first_seq[name] = first
-        if sink is not None:
+        appended = tick.appended
+        prev = appended[-1] if appended else None
+        if prev is not None and prev[0] is stream and prev[2] + 1 == first and not prev[3]:
+            appended[-1] = (stream, prev[1], last, "")
+        else:
+            appended.append((stream, first, last, ""))
+            if name not in tick.first_seq:
+                tick.first_seq[name] = first
+        if sink is not None and not self._merge_waiter(tick, sink, name, first, replies):
             tick.waiters.append((sink, name, first, replies, False))
         if stream.config.max_age and not self._expiry_timer:
             self._schedule_expiry()
+
+    @staticmethod
+    def _merge_waiter(
+        tick: _Tick, sink: PubAckSink, name: str, first: int, replies: list[str]
+    ) -> bool:
+        """Add ``replies`` (for ``first``…) to the tick's last waiter if it is the same
+        sink's for the sequences just before; whether it was."""
+        if not tick.waiters:
+            return False
+        target, wname, wfirst, wreplies, duplicate = tick.waiters[-1]
+        if (
+            target is not sink
+            or wname != name
+            or wreplies is None
+            or duplicate
+            or wfirst + len(wreplies) != first
+        ):
+            return False
+        if tick.merged is wreplies:
+            wreplies += replies  # a list this tick built: extended in place
+        else:
+            tick.merged = wreplies + replies
+            tick.waiters[-1] = (sink, name, wfirst, tick.merged, False)
+        return True
 
     def _publish_one(
         self,

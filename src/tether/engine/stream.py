@@ -378,11 +378,35 @@ class Stream:
         for size in sizes:
             msgs[seq] = MessageMeta(seq, subject, size, ts, 0)
             seq += 1
-        self._order.extend(range(first, end))
         dq = self._by_subject.get(subject)
         if dq is None:
             dq = self._by_subject[subject] = deque()
         dq.extend(range(first, end))
+        self._appended(first, end, sizes, ts)
+        return first
+
+    def append_mixed(self, subjects: list[str], sizes: list[int], ts: int) -> int:
+        """:meth:`append_run` for messages each to its own subject (``subjects[i]`` has
+        ``sizes[i]`` bytes); returns the first sequence."""
+        st = self.state
+        first = st.last_seq + 1
+        msgs = self._msgs
+        by_subject = self._by_subject
+        seq = first
+        for subject, size in zip(subjects, sizes, strict=True):
+            msgs[seq] = MessageMeta(seq, subject, size, ts, 0)
+            dq = by_subject.get(subject)
+            if dq is None:
+                dq = by_subject[subject] = deque()
+            dq.append(seq)
+            seq += 1
+        self._appended(first, seq, sizes, ts)
+        return first
+
+    def _appended(self, first: int, end: int, sizes: list[int], ts: int) -> None:
+        """The stream's order and state after appending ``first..end-1``."""
+        self._order.extend(range(first, end))
+        st = self.state
         if st.msgs == 0:
             st.first_seq = first
         st.msgs += len(sizes)
@@ -390,7 +414,6 @@ class Stream:
         st.last_seq = end - 1
         st.last_ts = ts
         self.last_msg_id = ""
-        return first
 
     def _add(self, meta: MessageMeta) -> None:
         seq = meta.seq

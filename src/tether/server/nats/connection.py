@@ -25,6 +25,7 @@ from tether.protocol.nats.errors import ProtocolError
 from tether.protocol.nats.parser import Parser
 
 if TYPE_CHECKING:
+    from tether.server.nats.router import BatchHandler
     from tether.server.nats.server import NatsServer
 
 log = logging.getLogger("tether.nats")
@@ -153,6 +154,12 @@ class ClientConnection(asyncio.Protocol):
         self._run_replies: list[str] = []
         self._run_payloads: list[bytes] = []
         self._publish_many = server.router.publish_many
+        # A run may go on to other subjects that the same stream captures (a publisher
+        # cycling through subjects): then each message's subject is in _run_subjects
+        # and the run goes to that capture's batch handler, _run_target.
+        self._run_subjects: list[str] | None = None
+        self._run_target: BatchHandler | None = None
+        self._batch_target = server.router.batch_target
 
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -455,9 +462,11 @@ class ClientConnection(asyncio.Protocol):
             self.in_msgs += 1
             self.in_bytes += len(payload)
             if subject != self._run_subject:
-                if self._run_payloads:
+                if self._run_payloads and not self._run_goes_on(subject):
                     self._end_run()
                 self._run_subject = subject
+            if self._run_subjects is not None:
+                self._run_subjects.append(subject)
             self._run_replies.append(reply)
             self._run_payloads.append(payload)
             return
@@ -479,9 +488,11 @@ class ClientConnection(asyncio.Protocol):
         self.in_msgs += len(payloads)
         self.in_bytes += sum(map(len, payloads))
         if subject != self._run_subject:
-            if self._run_payloads:
+            if self._run_payloads and not self._run_goes_on(subject):
                 self._end_run()
             self._run_subject = subject
+        if self._run_subjects is not None:
+            self._run_subjects += [subject] * len(payloads)
         if self._run_payloads:
             self._run_replies += replies
             self._run_payloads += payloads
@@ -502,11 +513,31 @@ class ClientConnection(asyncio.Protocol):
         self.in_bytes += sum(map(len, payloads))
         self.server.router.publish_batch(self, subjects, replies, payloads)
 
+    def _run_goes_on(self, subject: str) -> bool:
+        """Whether the current run (of another subject) can take a PUB to ``subject``:
+        both go to one stream capture and nothing else (see Router.batch_target)."""
+        target = self._batch_target(subject)
+        if target is None:
+            return False
+        if self._run_subjects is None:
+            if self._batch_target(self._run_subject) is not target:
+                return False
+            self._run_target = target
+            self._run_subjects = [self._run_subject] * len(self._run_payloads)
+            return True
+        return target is self._run_target
+
     def _end_run(self) -> None:
         replies, payloads = self._run_replies, self._run_payloads
         self._run_replies = []
         self._run_payloads = []
-        self._publish_many(self, self._run_subject, replies, payloads)
+        subjects, target = self._run_subjects, self._run_target
+        if subjects is None or target is None:
+            self._publish_many(self, self._run_subject, replies, payloads)
+            return
+        self._run_subjects = None
+        self._run_target = None
+        target(subjects, replies, payloads)
 
     def on_hpub(self, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
         if self._run_payloads:

@@ -241,8 +241,16 @@ class JetStreamApi:
         def capture_run(subject: str, replies: list[str], payloads: list[bytes]) -> None:
             self._capture_run(name, subject, replies, payloads)
 
+        # One for all of the stream's subjects: a run may go from one to another.
+        def capture_mixed(subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
+            self._capture_mixed(name, subjects, replies, payloads)
+
         for subject in stream.config.subjects:
-            subs.append(self.router.subscribe_internal(subject, capture, run_handler=capture_run))
+            subs.append(
+                self.router.subscribe_internal(
+                    subject, capture, run_handler=capture_run, batch_handler=capture_mixed
+                )
+            )
         if stream.config.allow_direct:
 
             def direct(subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
@@ -285,6 +293,17 @@ class JetStreamApi:
             return
         sink = None if stream.config.no_ack else self
         self.broker.publish_many(stream, subject, payloads, replies, sink)
+
+    def _capture_mixed(
+        self, name: str, subjects: list[str], replies: list[str], payloads: list[bytes]
+    ) -> None:
+        """A run of header-less publishes, each to its own subject: as :meth:`_capture`
+        for each, in one call."""
+        stream = self.broker.streams.get(name)
+        if stream is None:
+            return
+        sink = None if stream.config.no_ack else self
+        self.broker.publish_mixed(stream, subjects, payloads, replies, sink)
 
     def _ack_prefix(self, name: str) -> bytes:
         prefix = self._pub_ack_prefix.get(name)

@@ -247,6 +247,18 @@ class Router:
         sub = shared.plain[0]
         return sub.batch_handler if type(sub) is InternalSubscription else None
 
+    def batch_target(self, subject: str) -> BatchHandler | None:
+        """The batch handler of ``subject``'s only subscriber, if that is an internal
+        subscription taking batches (a stream capture); None otherwise, and for a
+        subject not published to yet (whose first message takes :meth:`publish`)."""
+        if subject not in self._subject_bytes:
+            return None
+        m = self._match[subject]
+        if len(m.plain) != 1 or m.groups:
+            return None
+        sub = m.plain[0]
+        return sub.batch_handler if type(sub) is InternalSubscription else None
+
     def publish_replies(self, replies: list[str], bodies: list[bytes]) -> None:
         """``publish(None, reply, "", None, body)`` for each pair, in order (PubAcks).
 
