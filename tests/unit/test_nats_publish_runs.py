@@ -222,3 +222,40 @@ def test_publish_acks_is_publish_one_by_one(replies: list[str], first_seq: int) 
     # First sequences just below a power of ten: the digits of the bodies grow mid-run.
     batched = asyncio.run(_replies(replies, True, first_seq))
     assert batched == asyncio.run(_replies(replies, False, first_seq))
+
+
+# -- many messages with headers to one inbox (batched DIRECT.GET) --------------------------
+
+NO_HEADERS = b'CONNECT {"verbose":false,"pedantic":false,"headers":false}\r\n'
+
+
+async def _headered(reply: str, n: int, batched: bool) -> tuple[bytes, bytes, bytes, list[int]]:
+    server = NatsServer(ServerConfig())
+    one, t1 = connect(server)
+    two, t2 = connect(server)
+    old, t3 = connect(server)
+    one.data_received(
+        CONNECT + b"SUB _INBOX.a.* 1\r\nSUB _INBOX.a.7 2\r\nSUB _INBOX.b.> 3\r\nUNSUB 3 2\r\n"
+    )
+    two.data_received(CONNECT + b"SUB _INBOX.c.* 1\r\nSUB _INBOX.q.* g 2\r\nSUB _INBOX 3\r\n")
+    old.data_received(NO_HEADERS + b"SUB _INBOX.h.* 1\r\n")
+    for conn, transport in ((one, t1), (two, t2), (old, t3)):
+        written(conn, transport)
+    blocks = [b"NATS/1.0\r\nNats-Sequence: %d\r\n\r\n" % i for i in range(n)]
+    payloads = [b"m%d" % i if i % 3 else b"" for i in range(n)]
+    if batched:
+        server.router.publish_headered(reply, blocks, payloads)
+    else:
+        for block, payload in zip(blocks, payloads, strict=True):
+            server.router.publish(None, reply, "", block, payload)
+    counts = [sub.delivered for conn in (one, two, old) for sub in conn.subs.values()]
+    return written(one, t1), written(two, t2), written(old, t3), counts
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from([r for r in REPLIES if r] + ["_INBOX.h.1", "_INBOX.a.", "_INBOX.b.x"]),
+    st.integers(1, 5),
+)
+def test_publish_headered_is_publish_one_by_one(reply: str, n: int) -> None:
+    assert asyncio.run(_headered(reply, n, True)) == asyncio.run(_headered(reply, n, False))

@@ -43,6 +43,27 @@ LIST_LIMIT = 256
 DIRECT_MAX_BYTES = 64 * 1024 * 1024  # a batch's default byte budget (nats-server's MaxPending)
 
 
+def _direct_headers(
+    name: bytes, msg: StoredMessage, stamp: bytes, pending: int = -1, last: int = 0
+) -> bytes:
+    """The header block of a DIRECT.GET reply: the stored headers plus the ``Nats-*``
+    ones (with the pending count and the previous sequence in a batch)."""
+    base = msg.headers[:-2] if msg.headers else b"NATS/1.0\r\n"
+    block = (
+        b"%sNats-Stream: %s\r\nNats-Subject: %s\r\nNats-Sequence: %d\r\nNats-Time-Stamp: %s\r\n"
+        % (
+            base,
+            name,
+            encode(msg.subject),
+            msg.seq,
+            stamp,
+        )
+    )
+    if pending >= 0:
+        block += b"Nats-Num-Pending: %d\r\nNats-Last-Sequence: %d\r\n" % (pending, last)
+    return block + b"\r\n"
+
+
 @functools.lru_cache(maxsize=1024)
 def _second(secs: int) -> str:
     # Messages stored in the same second share this prefix; strftime is the costly part.
@@ -677,10 +698,22 @@ class JetStreamApi:
             self._status(reply, b"NATS/1.0 404 Message Not Found\r\n\r\n")
             return
         last = 0
+        blocks: list[bytes] = []
+        payloads: list[bytes] = []
+        name = encode(stream.name)
+        stamp_ns, stamp = -1, b""
         for msg in msgs:
             pending = max(0, pending - 1)
-            self._send_direct(reply, stream.name, msg, pending, last, req.no_hdr)
+            if req.no_hdr:
+                self.router.publish(None, reply, "", None, msg.data)
+            else:
+                if msg.ts != stamp_ns:  # the messages of one commit share their time
+                    stamp_ns, stamp = msg.ts, rfc3339(msg.ts).encode()
+                blocks.append(_direct_headers(name, msg, stamp, pending, last))
+                payloads.append(msg.data)
             last = msg.seq
+        if blocks:
+            self.router.publish_headered(reply, blocks, payloads)
         if stream.last_seq > msgs[-1].seq:
             pending = stream.count_matching(last + 1, filters)
         self._status(
@@ -689,31 +722,12 @@ class JetStreamApi:
             % (pending, last),
         )
 
-    def _send_direct(
-        self,
-        reply: str,
-        name: str,
-        msg: StoredMessage,
-        pending: int = -1,
-        last: int = 0,
-        no_headers: bool = False,
-    ) -> None:
+    def _send_direct(self, reply: str, name: str, msg: StoredMessage, no_headers: bool) -> None:
         if no_headers:
             self.router.publish(None, reply, "", None, msg.data)
             return
-        base = msg.headers[:-2] if msg.headers else b"NATS/1.0\r\n"
-        extra = (
-            b"Nats-Stream: %s\r\nNats-Subject: %s\r\nNats-Sequence: %d\r\nNats-Time-Stamp: %s\r\n"
-            % (
-                encode(name),
-                encode(msg.subject),
-                msg.seq,
-                rfc3339(msg.ts).encode(),
-            )
-        )
-        if pending >= 0:
-            extra += b"Nats-Num-Pending: %d\r\nNats-Last-Sequence: %d\r\n" % (pending, last)
-        self.router.publish(None, reply, "", base + extra + b"\r\n", msg.data)
+        block = _direct_headers(encode(name), msg, rfc3339(msg.ts).encode())
+        self.router.publish(None, reply, "", block, msg.data)
 
     def _status(self, reply: str, block: bytes) -> None:
         self.router.publish(None, reply, "", block, b"")

@@ -259,6 +259,35 @@ class Router:
         sub = m.plain[0]
         return sub.batch_handler if type(sub) is InternalSubscription else None
 
+    def publish_headered(self, reply: str, blocks: list[bytes], payloads: list[bytes]) -> None:
+        """``publish(None, reply, "", blocks[i], payloads[i])`` for each i, in order: many
+        messages with headers to one inbox (the replies of a batched DIRECT.GET).
+
+        The inbox's subscriber is found once; when it is one client subscription that
+        takes frames directly (see :meth:`_reply_target`) and speaks headers, the HMSG
+        frames are appended to its buffer in one go.
+        """
+        parent, _, last = reply.rpartition(".")
+        sub, exceptions = self._reply_target(parent)
+        client = sub.client if sub is not None else None
+        if sub is None or client is None or not client.headers or not last or last in exceptions:
+            for block, payload in zip(blocks, payloads, strict=True):
+                self.publish(None, reply, "", block, payload)
+            return
+        rb = reply.encode("utf-8", "surrogateescape")
+        sid_b = sub.sid_b
+        frames = []
+        payload_bytes = 0
+        for block, payload in zip(blocks, payloads, strict=True):
+            hlen = len(block)
+            plen = len(payload)
+            frames.append(
+                b"HMSG %s %s %d %d\r\n%s%s\r\n" % (rb, sid_b, hlen, hlen + plen, block, payload)
+            )
+            payload_bytes += plen
+        sub.delivered += len(frames)
+        client.send_frames(frames, payload_bytes)
+
     def publish_replies(self, replies: list[str], bodies: list[bytes]) -> None:
         """``publish(None, reply, "", None, body)`` for each pair, in order (PubAcks).
 
