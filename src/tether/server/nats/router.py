@@ -263,14 +263,17 @@ class Router:
         """``publish(None, reply, "", blocks[i], payloads[i])`` for each i, in order: many
         messages with headers to one inbox (the replies of a batched DIRECT.GET).
 
-        The inbox's subscriber is found once; when it is one client subscription that
-        takes frames directly (see :meth:`_reply_target`) and speaks headers, the HMSG
-        frames are appended to its buffer in one go.
+        The inbox is matched once; when its one subscriber is a client subscription
+        that can take frames directly (no queue group, no UNSUB maximum) and speaks
+        headers, the HMSG frames are appended to its buffer in one go.
         """
-        parent, _, last = reply.rpartition(".")
-        sub, exceptions = self._reply_target(parent)
+        sub: ClientSubscription | None = None
+        if reply and _plain_literal(reply):
+            m = self.index.match_once(reply)
+            if len(m.plain) == 1 and not m.groups and type(m.plain[0]) is ClientSubscription:
+                sub = m.plain[0]
         client = sub.client if sub is not None else None
-        if sub is None or client is None or not client.headers or not last or last in exceptions:
+        if sub is None or client is None or not client.headers or sub.max_msgs:
             for block, payload in zip(blocks, payloads, strict=True):
                 self.publish(None, reply, "", block, payload)
             return
