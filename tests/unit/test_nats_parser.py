@@ -695,9 +695,15 @@ def test_pubs_with_replies_in_one_read_parse_as_byte_by_byte(
     frames: list[bytes], trailer: bytes
 ) -> None:
     data = b"".join(frames) + trailer
-    kwargs: dict[str, Any] = {"max_control_line": 64, "server_side": True}
+    # Handed over one by one, or as runs.
+    _parses_as_byte_by_byte(data, [Recorder(), RunRecorder()], max_control_line=64)
+
+
+def _parses_as_byte_by_byte(data: bytes, recorders: list[Recorder], **options: Any) -> None:
+    """``data`` in one read gives each recorder what it gives a byte at a time."""
+    kwargs: dict[str, Any] = {"server_side": True, **options}
     calls, error = parse([data[i : i + 1] for i in range(len(data))], **kwargs)
-    for recorder in (Recorder(), RunRecorder()):  # handed over one by one, or as runs
+    for recorder in recorders:
         whole_calls, whole_error = parse(data, recorder=recorder, **kwargs)
         assert whole_calls == calls
         assert (whole_error is None) == (error is None)
@@ -763,14 +769,7 @@ class BatchRecorder(RunRecorder):
 )
 def test_acks_in_one_read_parse_as_byte_by_byte(frames: list[bytes], trailer: bytes) -> None:
     data = b"".join(frames) + trailer
-    kwargs: dict[str, Any] = {"max_control_line": 64, "max_payload": 8, "server_side": True}
-    calls, error = parse([data[i : i + 1] for i in range(len(data))], **kwargs)
-    for recorder in (Recorder(), BatchRecorder()):
-        whole_calls, whole_error = parse(data, recorder=recorder, **kwargs)
-        assert whole_calls == calls
-        assert (whole_error is None) == (error is None)
-        if whole_error is not None and error is not None:
-            assert (whole_error.message, whole_error.silent) == (error.message, error.silent)
+    _parses_as_byte_by_byte(data, [Recorder(), BatchRecorder()], max_control_line=64, max_payload=8)
 
 
 class CountingBatchRecorder(BatchRecorder):
