@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from tether.engine import pull_queue as pq
 from tether.engine.clock import FakeClock
-from tether.engine.consumer import Consumer
-from tether.engine.consumer_config import ConsumerConfig, apply_defaults, format_rfc3339, validate
-from tether.engine.cursor import StreamHead
-from tether.engine.delivery_state import decode_state, encode_state
-from tether.engine.stream import Stream
-from tether.engine.stream_config import StreamConfig
+from tether.engine.consumers import pull_queue as pq
+from tether.engine.consumers.config import ConsumerConfig, apply_defaults, format_rfc3339, validate
+from tether.engine.consumers.consumer import Consumer
+from tether.engine.consumers.cursor import StreamHead
+from tether.engine.consumers.delivery_state import decode_state, encode_state
+from tether.engine.streams.config import StreamConfig
+from tether.engine.streams.stream import Stream
 from tether.storage.base import MessageMeta
 
 NS = 1_000_000_000

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tether.engine.consumer_ack_subject import (
+from tether.engine.consumers.ack_subject import (
     ack_format,
     first_delivery_format,
     parse_ack_subject,

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tether.engine import pull_queue as pq
-from tether.engine.consumer_config import (
+from tether.engine.consumers import pull_queue as pq
+from tether.engine.consumers.config import (
     ConsumerConfig,
     apply_defaults,
     check_update,
@@ -17,7 +17,7 @@ from tether.engine.consumer_config import (
     validate,
 )
 from tether.engine.errors import ApiError
-from tether.engine.stream_config import StreamConfig
+from tether.engine.streams.config import StreamConfig
 from tether.server.nats.consumers import _nak_delay, parse_go_duration
 
 NS = 1_000_000_000

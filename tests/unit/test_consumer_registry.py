@@ -10,9 +10,9 @@ import pytest
 
 from tether.engine.broker import Broker
 from tether.engine.clock import LoopClock
-from tether.engine.consumer import Consumer
-from tether.engine.consumer_config import ConsumerConfig
-from tether.engine.consumer_registry import ConsumerRegistry
+from tether.engine.consumers.config import ConsumerConfig
+from tether.engine.consumers.consumer import Consumer
+from tether.engine.consumers.registry import ConsumerRegistry
 from tether.engine.errors import ApiError
 from tether.storage.base import MessageMeta
 from tether.storage.memory import MemoryStore

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tether.engine.consumer import Consumer
-from tether.engine.consumer_pull import PullDelivery
-from tether.engine.delivery_state import encode_state
+from tether.engine.consumers.consumer import Consumer
+from tether.engine.consumers.delivery_state import encode_state
+from tether.engine.consumers.pull import PullDelivery
 from tether.storage.base import MessageMeta
 
 # Imported with --import-mode=importlib: the consumer tests' world is a sibling module.

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tether.engine.jobs_registry import hash_token
+from tether.engine.jobs.registry import hash_token
 from tether.server.http import auth, messages
 from tether.server.http.auth import new_request_id, verify_token
 from tether.server.http.messages import new_message_id

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tether.engine.errors import ApiError
-from tether.engine.stream import Stream, message_ttl
-from tether.engine.stream_config import StreamConfig, normalize
+from tether.engine.streams.config import StreamConfig, normalize
+from tether.engine.streams.stream import Stream, message_ttl
 from tether.storage.base import MessageMeta
 
 NS = 1_000_000_000

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
 from tether.engine.errors import ApiError
-from tether.engine.stream import Stream
+from tether.engine.streams.stream import Stream
 from tether.storage.base import StorageError, Store
 from tether.storage.group_commit import Batch
 from tether.storage.memory import MemoryStore

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tether.engine.errors import ApiError
-from tether.engine.stream_config import (
+from tether.engine.streams.config import (
     StreamConfig,
     check_create,
     check_update,

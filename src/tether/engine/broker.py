@@ -1,4 +1,4 @@
-"""The broker: the one facade front doors use to reach streams (and consumers).
+"""The broker: the one facade front doors use to reach streams and their messages.
 
 It applies the engine's decisions to storage through group commit: every change made
 in one loop tick is committed together and a publish is acknowledged only once its
@@ -13,11 +13,21 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tether.engine import errors
 from tether.engine.clock import Clock, Timer
-from tether.engine.stream import (
+from tether.engine.streams import StreamListener
+from tether.engine.streams.config import (
+    StreamConfig,
+    check_create,
+    check_update,
+    decode_config,
+    decode_stored_config,
+    encode_config,
+    normalize,
+)
+from tether.engine.streams.stream import (
     EXPECTED_LAST_MSG_ID,
     EXPECTED_LAST_SEQ,
     EXPECTED_LAST_SUBJ_SEQ,
@@ -29,15 +39,6 @@ from tether.engine.stream import (
     ROLLUP,
     Stream,
 )
-from tether.engine.stream_config import (
-    StreamConfig,
-    check_create,
-    check_update,
-    decode_config,
-    decode_stored_config,
-    encode_config,
-    normalize,
-)
 from tether.engine.subjects import filters_overlap
 from tether.storage.base import (
     MessageColumns,
@@ -48,19 +49,7 @@ from tether.storage.base import (
     StreamRecord,
 )
 
-if TYPE_CHECKING:
-    from tether.engine.consumer_registry import ConsumerRegistry
-
 log = logging.getLogger("tether.broker")
-
-
-class BrokerListener(Protocol):
-    """Hooks the broker calls; consumers and front doors implement the ones they need."""
-
-    def on_stream_changed(self, stream: Stream) -> None: ...
-    def on_stream_deleted(self, stream: Stream) -> None: ...
-    def on_messages_committed(self, stream: Stream, seqs: list[int]) -> None: ...
-    def on_messages_removed(self, stream: Stream, seqs: list[int]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -120,9 +109,7 @@ class Broker:
         self.store = store
         self.clock = clock
         self.streams: dict[str, Stream] = {}
-        self.listeners: list[BrokerListener] = []
-        # The consumers of every stream; set by the registry when it attaches.
-        self.consumers: ConsumerRegistry | None = None
+        self.listeners: list[StreamListener] = []
         self._ticks: dict[int, _Tick] = {}
         self._last_fut: asyncio.Future[None] | None = None
         self._last_tick: _Tick | None = None

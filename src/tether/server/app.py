@@ -11,8 +11,8 @@ from starlette.middleware import Middleware
 
 from tether.engine.broker import Broker
 from tether.engine.clock import LoopClock
-from tether.engine.consumer_registry import ConsumerRegistry
-from tether.engine.jobs_service import ServiceSettings, WebhookService
+from tether.engine.consumers import ConsumerRegistry
+from tether.engine.jobs import ServiceSettings, WebhookService
 from tether.server.config import ServerConfig
 from tether.server.http import monitor, webhook_api
 from tether.server.http.auth import AsgiApp, GatewayMiddleware
@@ -51,8 +51,8 @@ class Tether:
         await self.store.open()
         self.broker = Broker(self.store, LoopClock())
         await self.broker.load()
-        self.jetstream = JetStreamApi(self.nats.router, self.broker)
         self.consumers = ConsumerRegistry(self.broker)
+        self.jetstream = JetStreamApi(self.nats.router, self.broker, self.consumers)
         self.consumer_api = ConsumerApi(self.jetstream, self.consumers, self.nats)
         await self.consumers.load()
         self.jetstream.start()
@@ -64,6 +64,7 @@ class Tether:
         clock = self.broker.clock
         self.webhooks = WebhookService(
             self.broker,
+            self.consumers,
             clock,
             ServiceSettings(webhook_api.job_settings(cfg), cfg.webhook_token_key),
         )

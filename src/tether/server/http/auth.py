@@ -17,8 +17,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tether.engine.jobs_registry import Channel, Consumer, Producer
-from tether.engine.jobs_registry import verify_token as _verify_token
+from tether.engine.jobs import Channel, Consumer, Producer
+from tether.engine.jobs.registry import verify_token as _verify_token
 from tether.server.http.common import NOT_FOUND, Api, text
 
 CHANNEL_TOKEN = "x-broker-channel-token"
@@ -41,7 +41,7 @@ _MATCHED_MAX = 4096
 
 
 def verify_token(token: str | None, stored: str) -> bool:
-    """:func:`tether.engine.jobs_registry.verify_token`, remembering the matches."""
+    """:func:`tether.engine.jobs.registry.verify_token`, remembering the matches."""
     if token is None:
         return False
     if (stored, token) in _MATCHED:

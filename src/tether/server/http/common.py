@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 if TYPE_CHECKING:
-    from tether.engine.jobs_service import WebhookService
+    from tether.engine.jobs import WebhookService
 
 NS = 1_000_000_000
 FORM = "application/x-www-form-urlencoded"

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tether.engine.jobs import DEAD, NOT_DEAD, JobError, JobInfo
-from tether.engine.jobs_registry import Consumer, verify_token
+from tether.engine.jobs.registry import Consumer, verify_token
+from tether.engine.jobs.view import DEAD, NOT_DEAD, JobError, JobInfo
 from tether.server.http.auth import job_of, pull_consumer
 from tether.server.http.common import (
     NOT_FOUND,

@@ -15,9 +15,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tether.engine import errors
-from tether.engine.jobs_messages import DEFAULT_CONTENT_TYPE, MessageView
-from tether.engine.jobs_registry import Scheduled
-from tether.engine.jobs_service import DuplicateMessage, stream_name
+from tether.engine.jobs.messages import DEFAULT_CONTENT_TYPE, MessageView
+from tether.engine.jobs.registry import Scheduled
+from tether.engine.jobs.service import DuplicateMessage, stream_name
 from tether.server.http.auth import broadcaster
 from tether.server.http.common import (
     NOT_FOUND,

@@ -15,8 +15,8 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tether.engine.jobs import DEAD, DELIVERED, INFLIGHT, QUEUED, STATUS_CODES
-from tether.engine.jobs_service import WebhookService
+from tether.engine.jobs import WebhookService
+from tether.engine.jobs.view import DEAD, DELIVERED, INFLIGHT, QUEUED, STATUS_CODES
 from tether.server.http.common import rfc3339
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

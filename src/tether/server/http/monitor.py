@@ -5,19 +5,27 @@ from __future__ import annotations
 import os
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tether.server.config import ServerConfig
+from tether.server.nats.server import NatsServer
 from tether.version import NATS_COMPAT_VERSION, __version__
 
-if TYPE_CHECKING:
-    from tether.server.app import Tether
+
+class Monitored(Protocol):
+    """What the endpoints report on (the process, which passes itself)."""
+
+    config: ServerConfig
+    nats: NatsServer
+    store_url: str
+    http_port: int
 
 
-def routes(app: Tether) -> list[Route]:
+def routes(app: Monitored) -> list[Route]:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 

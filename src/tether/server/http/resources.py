@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tether.engine.jobs_registry import Channel, Consumer, Producer, random_token, valid_id
+from tether.engine.jobs.registry import Channel, Consumer, Producer, random_token, valid_id
 from tether.server.http.auth import CHANNEL_TOKEN, CONSUMER_TOKEN, PRODUCER_TOKEN, revealed
 from tether.server.http.common import (
     NOT_FOUND,

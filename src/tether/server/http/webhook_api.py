@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from tether.engine.jobs import NS, JobSettings
-from tether.engine.jobs_registry import Consumer, random_token, valid_id, verify_token
-from tether.engine.jobs_service import WebhookService
+from tether.engine.jobs import WebhookService
+from tether.engine.jobs.registry import Consumer, random_token, valid_id, verify_token
+from tether.engine.jobs.view import NS, JobSettings
 from tether.server.config import ServerConfig, WebhookSeed
 from tether.server.http import jobs_api, messages, resources
 from tether.server.http.auth import AsgiApp, GatewayMiddleware

@@ -7,7 +7,7 @@ import contextlib
 import hmac
 import logging
 import socket
-from typing import TYPE_CHECKING, cast
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -17,16 +17,14 @@ from tether.protocol.nats.commands import (
     OK,
     PING,
     PONG,
-    encode,
     encode_err,
     encode_info,
 )
 from tether.protocol.nats.errors import ProtocolError
 from tether.protocol.nats.parser import Parser
-
-if TYPE_CHECKING:
-    from tether.server.nats.router import BatchHandler
-    from tether.server.nats.server import NatsServer
+from tether.server.config import ServerConfig
+from tether.server.nats.router import Router
+from tether.server.nats.subscriptions import BatchHandler, ClientSubscription
 
 log = logging.getLogger("tether.nats")
 
@@ -68,45 +66,23 @@ _decode_connect = msgspec.json.Decoder(ConnectOptions).decode
 _decode_any = msgspec.json.Decoder().decode
 
 
-class ClientSubscription:
-    """A client's SUB: delivers MSG/HMSG frames into the client's output buffer."""
+class ConnectionHost(Protocol):
+    """What a connection needs of the server that accepted it."""
 
-    __slots__ = ("client", "delivered", "heads", "max_msgs", "queue", "sid", "sid_b", "subject")
+    config: ServerConfig
+    router: Router
+    slow_consumers: int
 
-    def __init__(self, client: ClientConnection, subject: str, queue: str, sid: str) -> None:
-        self.client: ClientConnection | None = client
-        self.subject = subject
-        self.queue = queue
-        self.sid = sid
-        self.sid_b = encode(sid)
-        self.max_msgs = 0
-        self.delivered = 0
-        self.heads: dict[bytes, bytes] = {}  # subject bytes -> b"MSG <subject> <sid> "
-
-    def deliver(
-        self, subject: str, reply: str, headers: bytes | None, payload: bytes, sb: bytes, rb: bytes
-    ) -> None:
-        client = self.client
-        if client is None:
-            return
-        self.delivered += 1
-        if headers is None and not rb:
-            head = self.heads.get(sb)
-            if head is None:
-                if len(self.heads) >= 256:
-                    self.heads.clear()
-                head = self.heads[sb] = b"MSG %s %s " % (sb, self.sid_b)
-            client.send_plain(head, payload)
-        else:
-            client.send_msg(self.sid_b, sb, rb, headers, payload)
-        if self.max_msgs and self.delivered >= self.max_msgs:
-            client.remove_subscription(self)
+    def info_for(self, conn: ClientConnection, *, connect_info: bool = False) -> dict[str, Any]: ...
+    def admit(self, conn: ClientConnection) -> bool: ...
+    def remove(self, conn: ClientConnection) -> None: ...
+    def on_interest_change(self, subject: str) -> None: ...
 
 
 class ClientConnection(asyncio.Protocol):
     """asyncio protocol for one client; implements the parser's handler interface."""
 
-    def __init__(self, server: NatsServer, cid: int) -> None:
+    def __init__(self, server: ConnectionHost, cid: int) -> None:
         self.server = server
         self.cid = cid
         cfg = server.config

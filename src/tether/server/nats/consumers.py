@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tether.engine import errors
-from tether.engine.consumer import Consumer
-from tether.engine.consumer_ack_subject import parse_ack_subject
-from tether.engine.consumer_config import (
+from tether.engine.consumers import Consumer, ConsumerRegistry
+from tether.engine.consumers.ack_subject import parse_ack_subject
+from tether.engine.consumers.config import (
     ConsumerConfig,
     decode_request,
     durable_mismatch,
@@ -36,12 +36,10 @@ from tether.engine.consumer_config import (
     filter_mismatch,
     path_separators,
 )
-from tether.engine.consumer_registry import ConsumerRegistry
-from tether.engine.jobs import owned_by_http
-from tether.engine.jobs_service import channel_id
+from tether.engine.jobs.service import channel_id
+from tether.engine.jobs.view import owned_by_http
 from tether.engine.subjects import is_literal, subject_matches
 from tether.protocol.nats.commands import encode
-from tether.server.nats.connection import ClientConnection, ClientSubscription
 from tether.server.nats.jetstream import (
     ZERO_TIME,
     JetStreamApi,
@@ -50,7 +48,7 @@ from tether.server.nats.jetstream import (
     parse_rfc3339,
     rfc3339,
 )
-from tether.server.nats.router import InternalSubscription
+from tether.server.nats.subscriptions import Client, ClientSubscription, InternalSubscription
 from tether.storage.base import MessageMeta, StoredMessage
 
 if TYPE_CHECKING:
@@ -459,7 +457,7 @@ class ConsumerApi:
         cached = self._cached
         name = consumer.stream.name
         subject_bytes = self._subject_bytes
-        client: ClientConnection | None = None
+        client: Client | None = None
         sub: ClientSubscription | None = None
         frames: list[bytes] = []
         payload_bytes = 0

@@ -20,11 +20,13 @@ import msgspec
 
 from tether.engine import errors
 from tether.engine.broker import Broker
-from tether.engine.jobs import owned_by_http
-from tether.engine.stream import Stream
+from tether.engine.consumers import ConsumerRegistry
+from tether.engine.jobs.view import owned_by_http
+from tether.engine.streams import Stream
 from tether.engine.subjects import filters_overlap
 from tether.protocol.nats.commands import encode
-from tether.server.nats.router import InternalSubscription, Router
+from tether.server.nats.router import Router
+from tether.server.nats.subscriptions import InternalSubscription
 from tether.storage.base import StoredMessage
 
 log = logging.getLogger("tether.jetstream")
@@ -199,9 +201,10 @@ def decode_request(payload: bytes, kind: type[R]) -> R:
 class JetStreamApi:
     """Serves ``$JS.API.*`` and stores what streams capture."""
 
-    def __init__(self, router: Router, broker: Broker) -> None:
+    def __init__(self, router: Router, broker: Broker, consumers: ConsumerRegistry) -> None:
         self.router = router
         self.broker = broker
+        self.consumers = consumers
         self.routes: dict[tuple[str, ...], tuple[str, Handler]] = {}
         # Fields nats-server's error replies carry besides ``error`` (its Go structs
         # embed paging and counters without omitempty), by response type.
@@ -504,9 +507,8 @@ class JetStreamApi:
 
     async def _stream_delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        registry = self.broker.consumers
-        if registry is not None and name in self.broker.streams:
-            owned = [c.name for c in registry.consumers_of(name) if owned_by_http(c.config)]
+        if name in self.broker.streams:
+            owned = [c.name for c in self.consumers.consumers_of(name) if owned_by_http(c.config)]
             if owned:
                 raise errors.managed_by_http(
                     f"stream {name!r} (a channel with HTTP consumers {', '.join(owned)})",

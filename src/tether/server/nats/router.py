@@ -8,68 +8,18 @@ subject has a responder exactly as on nats-server.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
 
 from tether.engine.subjects import SubjectIndex
 from tether.protocol.nats.commands import encode
-from tether.server.nats.connection import ClientSubscription
-
-if TYPE_CHECKING:
-    from tether.server.nats.connection import ClientConnection
-
-
-class Subscriber(Protocol):
-    """Anything the router can deliver to (hashed by identity)."""
-
-    def __hash__(self) -> int: ...
-
-    client: ClientConnection | None
-    queue: str
-
-    def deliver(
-        self, subject: str, reply: str, headers: bytes | None, payload: bytes, sb: bytes, rb: bytes
-    ) -> None: ...
-
-
-InternalHandler = Callable[[str, str, bytes | None, bytes], None]
-# (subject, replies, payloads): a run of header-less messages to one subject, in order.
-RunHandler = Callable[[str, list[str], list[bytes]], None]
-# (subjects, replies, payloads): a batch of header-less messages, each to its subject.
-BatchHandler = Callable[[list[str], list[str], list[bytes]], None]
-
-
-class InternalSubscription:
-    """A server-side subscriber: calls ``handler(subject, reply, headers, payload)``.
-
-    With a ``run_handler``, a run of messages without headers published to one subject
-    by one connection (see :meth:`Router.publish_many`) is handed over in one call,
-    which must have the effect of ``handler`` called for each message in turn. A
-    ``batch_handler`` does the same for a batch of acks, each to its own subject (see
-    :meth:`Router.publish_batch`).
-    """
-
-    __slots__ = ("batch_handler", "client", "handler", "queue", "run_handler", "subject")
-
-    def __init__(
-        self,
-        subject: str,
-        handler: InternalHandler,
-        queue: str = "",
-        run_handler: RunHandler | None = None,
-        batch_handler: BatchHandler | None = None,
-    ) -> None:
-        self.subject = subject
-        self.handler = handler
-        self.queue = queue
-        self.run_handler = run_handler
-        self.batch_handler = batch_handler
-        self.client: ClientConnection | None = None
-
-    def deliver(
-        self, subject: str, reply: str, headers: bytes | None, payload: bytes, sb: bytes, rb: bytes
-    ) -> None:
-        self.handler(subject, reply, headers, payload)
+from tether.server.nats.subscriptions import (
+    BatchHandler,
+    Client,
+    ClientSubscription,
+    InternalHandler,
+    InternalSubscription,
+    RunHandler,
+    Subscriber,
+)
 
 
 # Pre-built no-responders status: nats-server names the original subject in a header.
@@ -123,7 +73,7 @@ class Router:
 
     def publish(
         self,
-        origin: ClientConnection | None,
+        origin: Client | None,
         subject: str,
         reply: str,
         headers: bytes | None,
@@ -178,7 +128,7 @@ class Router:
 
     def publish_many(
         self,
-        origin: ClientConnection,
+        origin: Client,
         subject: str,
         replies: list[str],
         payloads: list[bytes],
@@ -207,7 +157,7 @@ class Router:
 
     def publish_batch(
         self,
-        origin: ClientConnection,
+        origin: Client,
         subjects: list[str],
         replies: list[str],
         payloads: list[bytes],
@@ -313,7 +263,7 @@ class Router:
         prefix: str | None = None
         sub: ClientSubscription | None = None
         exceptions: frozenset[str] = frozenset()
-        client: ClientConnection | None = None
+        client: Client | None = None
         frames: list[bytes] = []
         payload_bytes = 0
         # For bodies made of ``head`` and a sequence: the length of the sequence's digits.
@@ -376,12 +326,12 @@ class Router:
                 return sub, exceptions
         return None, exceptions
 
-    def no_interest(self, origin: ClientConnection, subject: str, reply: str) -> None:
+    def no_interest(self, origin: Client, subject: str, reply: str) -> None:
         """A publish that matches nobody by construction (a malformed subject)."""
         if reply and origin.no_responders:
             self._no_responders(origin, subject, reply)
 
-    def _no_responders(self, origin: ClientConnection, subject: str, reply: str) -> None:
+    def _no_responders(self, origin: Client, subject: str, reply: str) -> None:
         # Sent only to the requester's own plain subscription on the reply subject, as
         # nats-server does; it does not count towards that subscription's UNSUB maximum.
         for sub in self.index.match(reply).plain:

@@ -39,8 +39,9 @@ from tether.storage.base import MessageColumns
 
 if TYPE_CHECKING:
     from tether.engine.broker import Broker
-    from tether.engine.stream import Stream
-    from tether.server.nats.router import InternalSubscription, Router
+    from tether.engine.streams import Stream
+    from tether.server.nats.router import Router
+from tether.server.nats.subscriptions import InternalSubscription
 
 READ_PREFIX = "$TETHER.API.STREAM.READ."
 MiB = 1024 * 1024

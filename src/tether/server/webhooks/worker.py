@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from tether.engine.jobs import JobInfo
-from tether.engine.jobs_registry import Consumer
-from tether.engine.jobs_service import WebhookService
+from tether.engine.jobs import Consumer, WebhookService
+from tether.engine.jobs.view import JobInfo
 from tether.server.webhooks.proxies import ProxyChoice
 
 log = logging.getLogger("tether.webhook")

@@ -12,14 +12,14 @@ that can step over messages taken early).
 from __future__ import annotations
 
 from tether.engine.clock import Clock
-from tether.engine.cursor import PriorityCursor, SequenceCursor
-from tether.engine.delivery_state import DeliveryState
-from tether.engine.stream import Stream
+from tether.engine.consumers.cursor import PriorityCursor, SequenceCursor
+from tether.engine.consumers.delivery_state import DeliveryState
+from tether.engine.streams import Stream
 from tether.storage.base import MessageMeta
 
 
 class JobControl:
-    """The per-message side of :class:`~tether.engine.consumer.Consumer` (a mixin)."""
+    """The per-message side of :class:`~tether.engine.consumers.consumer.Consumer` (a mixin)."""
 
     # Provided by Consumer.
     stream: Stream

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tether.engine import errors
-from tether.engine.stream_config import StreamConfig
+from tether.engine.streams.config import StreamConfig
 from tether.engine.subjects import is_literal, subject_matches
 from tether.storage.base import MessageMeta
 

@@ -18,7 +18,7 @@ import msgspec
 
 from tether.engine import errors
 from tether.engine.errors import ApiError
-from tether.engine.stream_config import StreamConfig, is_valid_name
+from tether.engine.streams.config import StreamConfig, is_valid_name
 from tether.engine.subjects import is_literal, is_subset, is_valid_filter, is_valid_subject
 
 NS = 1_000_000_000

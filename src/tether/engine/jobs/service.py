@@ -29,14 +29,14 @@ import msgspec
 from tether.engine import errors
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import Clock, Timer
-from tether.engine.consumer import Consumer as EngineConsumer
-from tether.engine.jobs import JobSettings, JobView, engine_config
-from tether.engine.jobs_messages import (
+from tether.engine.consumers import Consumer as EngineConsumer
+from tether.engine.consumers import ConsumerRegistry
+from tether.engine.jobs.messages import (
     MessageView,
     encode_headers,
     view_of,
 )
-from tether.engine.jobs_registry import (
+from tether.engine.jobs.registry import (
     Channel,
     Consumer,
     ConsumerType,
@@ -45,7 +45,8 @@ from tether.engine.jobs_registry import (
     Scheduled,
     hash_token,
 )
-from tether.engine.stream import Stream
+from tether.engine.jobs.view import JobSettings, JobView, engine_config
+from tether.engine.streams import Stream
 
 log = logging.getLogger("tether.webhook")
 
@@ -92,8 +93,11 @@ class Counters:
 class WebhookService:
     """Channels, producers, consumers and their jobs over one :class:`Broker`."""
 
-    def __init__(self, broker: Broker, clock: Clock, settings: ServiceSettings) -> None:
+    def __init__(
+        self, broker: Broker, consumers: ConsumerRegistry, clock: Clock, settings: ServiceSettings
+    ) -> None:
         self.broker = broker
+        self.consumers = consumers
         self.clock = clock
         self.settings = settings
         self.registry = Registry(broker.store, settings.seal_key)
@@ -150,9 +154,7 @@ class WebhookService:
     async def _engine_consumer(self, consumer: Consumer) -> EngineConsumer:
         """Find or create the durable consumer of ``consumer`` (settings may have changed
         since it was created: the allowed updates are applied)."""
-        registry = self.broker.consumers
-        if registry is None:
-            raise RuntimeError("the webhook-broker API needs the consumer engine")
+        registry = self.consumers
         name = stream_name(consumer.channel)
         try:
             engine, _ = await registry.create(name, engine_config(consumer.id, self.settings.jobs))
@@ -332,10 +334,9 @@ class WebhookService:
     async def delete_consumer(self, k: Consumer) -> None:
         view = self.views.pop((k.channel, k.id), None)
         self._dirty.discard((k.channel, k.id))
-        registry = self.broker.consumers
-        if view is not None and registry is not None and not view.closed:
+        if view is not None and not view.closed:
             view.consumer.on_available = None
-            await registry.delete(view.consumer.stream.name, view.consumer.name)
+            await self.consumers.delete(view.consumer.stream.name, view.consumer.name)
         if self.on_consumer is not None:
             self.on_consumer(k, False)
         await self.registry.delete_consumer(k)

@@ -14,7 +14,7 @@ Redelivery, ``max_deliver`` and the dead set are the consumer's own rules; the v
 only adds what webhook-broker shows and the consumer has no field for: a job's sticky
 ``IncrementalTimeout``, when its status last changed, which push retries are waiting
 out a delay, and dead jobs deleted for good. Those extras are persisted with the
-consumer's registry record (see :mod:`tether.engine.jobs_registry`).
+consumer's registry record (see :mod:`tether.engine.jobs.registry`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from tether.engine.clock import Clock
-from tether.engine.consumer import Consumer as EngineConsumer
-from tether.engine.consumer_config import ConsumerConfig
-from tether.engine.cursor import PriorityCursor
+from tether.engine.consumers import Consumer as EngineConsumer
+from tether.engine.consumers import ConsumerConfig
+from tether.engine.consumers.cursor import PriorityCursor
 
 QUEUED = "QUEUED"
 INFLIGHT = "INFLIGHT"

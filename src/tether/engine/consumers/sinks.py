@@ -7,21 +7,24 @@ deletion). Keeping them this small keeps the engine free of I/O and easy to fake
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tether.storage.base import MessageMeta
 
-if TYPE_CHECKING:
-    from tether.engine.consumer import Consumer
+# The consumer as the outside knows it. The sinks and the host are generic in it so
+# that this module, and the consumer's parts that talk to them, need not import the
+# consumer: each part passes itself along as an opaque ``C``.
+C = TypeVar("C", contravariant=True)
+Me = TypeVar("Me")
 
 
-class DeliverySink(Protocol):
+class DeliverySink(Protocol[C]):
     """Where a consumer's output goes (a front door)."""
 
-    def deliver(self, consumer: Consumer, to: str, meta: MessageMeta, reply: str) -> None:
+    def deliver(self, consumer: C, to: str, meta: MessageMeta, reply: str) -> None:
         """Send message ``meta.seq`` to ``to`` with ``reply`` as its ack subject."""
 
-    def control(self, consumer: Consumer, to: str, block: bytes, reply: str = "") -> None:
+    def control(self, consumer: C, to: str, block: bytes, reply: str = "") -> None:
         """Send a status/heartbeat/flow-control header block to ``to``, in order."""
 
     def advisory(self, subject: str, body: dict[str, Any]) -> None:
@@ -30,12 +33,12 @@ class DeliverySink(Protocol):
     def has_interest(self, subject: str) -> bool:
         """Whether anything is subscribed to ``subject``."""
 
-    def backlog(self, consumer: Consumer) -> int:
+    def backlog(self, consumer: C) -> int:
         """How many deliveries the sink still holds for ``consumer`` (slow reads)."""
 
 
 @runtime_checkable
-class RunSink(DeliverySink, Protocol):
+class RunSink(DeliverySink[C], Protocol[C]):
     """A sink that also takes a run of messages at once (optional: the NATS front door).
 
     A pull consumer delivers new messages in runs; with such a sink, it decides the
@@ -48,19 +51,19 @@ class RunSink(DeliverySink, Protocol):
         subscriber): then deliveries to it may be decided before they are written."""
 
     def deliver_run(
-        self, consumer: Consumer, tos: list[str], metas: list[MessageMeta], replies: list[str]
+        self, consumer: C, tos: list[str], metas: list[MessageMeta], replies: list[str]
     ) -> None:
         """``deliver(consumer, tos[i], metas[i], replies[i])`` for each ``i`` in order."""
 
 
-class ConsumerHost(Protocol):
+class ConsumerHost(Protocol[C]):
     """The registry that owns consumers."""
 
-    def consumer_changed(self, consumer: Consumer) -> None:
+    def consumer_changed(self, consumer: C) -> None:
         """The consumer's state changed and should be saved (once per tick is enough)."""
 
-    def consumer_acked(self, consumer: Consumer, seqs: list[int]) -> None:
+    def consumer_acked(self, consumer: C, seqs: list[int]) -> None:
         """Messages were acked (only called when the stream's retention needs it)."""
 
-    def consumer_inactive(self, consumer: Consumer) -> None:
+    def consumer_inactive(self, consumer: C) -> None:
         """The consumer passed its inactive threshold and should be deleted."""

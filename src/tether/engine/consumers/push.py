@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import random
 import string
-from typing import TYPE_CHECKING
+from typing import Generic
 
-from tether.engine import pull_queue as pq
 from tether.engine.clock import Clock, Timer
-from tether.engine.consumer_config import ConsumerConfig
-from tether.engine.consumer_io import DeliverySink
-from tether.engine.cursor import PriorityCursor, SequenceCursor
-from tether.engine.stream import Stream
+from tether.engine.consumers import pull_queue as pq
+from tether.engine.consumers.config import ConsumerConfig
+from tether.engine.consumers.cursor import PriorityCursor, SequenceCursor
+from tether.engine.consumers.sinks import DeliverySink, Me
+from tether.engine.streams import Stream
 from tether.storage.base import MessageMeta
-
-if TYPE_CHECKING:
-    from tether.engine.consumer import Consumer
 
 NS = 1_000_000_000
 _PUSH_BUDGET = 512  # messages per push run before yielding to the loop
@@ -31,13 +28,13 @@ FC_START = 2 * 1024 * 1024
 FC_LIMIT = 32 * 1024 * 1024
 
 
-class PushDelivery:
-    """The push side of :class:`~tether.engine.consumer.Consumer` (a mixin)."""
+class PushDelivery(Generic[Me]):
+    """The push side of :class:`~tether.engine.consumers.consumer.Consumer` (a mixin)."""
 
     # Provided by Consumer.
-    _me: Consumer  # the consumer itself, typed as such for the sink
+    _me: Me  # the consumer itself, passed to the sink and the host as is
     clock: Clock
-    sink: DeliverySink
+    sink: DeliverySink[Me]
     config: ConsumerConfig
     cursor: SequenceCursor | PriorityCursor
     stream: Stream

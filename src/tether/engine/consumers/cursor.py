@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from tether.engine.consumer_config import ConsumerConfig, parse_rfc3339
-from tether.engine.delivery_state import SavedState
-from tether.engine.stream import Stream
+from tether.engine.consumers.config import ConsumerConfig, parse_rfc3339
+from tether.engine.consumers.delivery_state import SavedState
+from tether.engine.streams import Stream
 from tether.engine.subjects import is_subset, subject_matches
 from tether.storage.base import MessageMeta
 

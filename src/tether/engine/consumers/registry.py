@@ -16,12 +16,11 @@ import secrets
 import string
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tether.engine import errors
-from tether.engine.clock import Timer
-from tether.engine.consumer import Consumer
-from tether.engine.consumer_config import (
+from tether.engine.clock import Clock, Timer
+from tether.engine.consumers.config import (
     ConsumerConfig,
     apply_defaults,
     check_update,
@@ -35,19 +34,30 @@ from tether.engine.consumer_config import (
     wq_not_unique,
     wq_requires_explicit_ack,
 )
-from tether.engine.consumer_io import DeliverySink
-from tether.engine.cursor import Matcher, StreamHead
-from tether.engine.delivery_state import decode_state, encode_state
-from tether.engine.stream import Stream
+from tether.engine.consumers.consumer import Consumer
+from tether.engine.consumers.cursor import Matcher, StreamHead
+from tether.engine.consumers.delivery_state import decode_state, encode_state
+from tether.engine.consumers.sinks import DeliverySink
+from tether.engine.streams import Stream, StreamListener
 from tether.engine.subjects import filters_overlap
-from tether.storage.base import ConsumerRecord, MessageMeta, StorageError
-
-if TYPE_CHECKING:
-    from tether.engine.broker import Broker
+from tether.storage.base import ConsumerRecord, MessageMeta, StorageError, Store
 
 log = logging.getLogger("tether.consumers")
 
 _NAME_CHARS = string.ascii_letters + string.digits
+
+
+class StreamOwner(Protocol):
+    """What the registry needs of the broker: its streams, their events, and a way to
+    remove messages (retention). The broker is passed in; it never knows the registry."""
+
+    clock: Clock
+    store: Store
+    streams: dict[str, Stream]
+    listeners: list[StreamListener]
+
+    def get_stream(self, name: str) -> Stream: ...
+    def remove_messages(self, stream: Stream, seqs: list[int]) -> None: ...
 
 
 class _NullSink:
@@ -72,11 +82,11 @@ class _NullSink:
 class ConsumerRegistry:
     """The consumers of all streams, fed by the broker's listener hooks."""
 
-    def __init__(self, broker: Broker, sink: DeliverySink | None = None) -> None:
+    def __init__(self, broker: StreamOwner, sink: DeliverySink[Consumer] | None = None) -> None:
         self.broker = broker
         self.clock = broker.clock
         self.store = broker.store
-        self.sink: DeliverySink = sink or _NullSink()
+        self.sink: DeliverySink[Consumer] = sink or _NullSink()
         self.streams: dict[str, dict[str, Consumer]] = {}
         self.heads: dict[str, StreamHead] = {}
         self._dirty: dict[int, Consumer] = {}
@@ -87,7 +97,6 @@ class ConsumerRegistry:
         self._save_timer: Timer | None = None
         self._removing = False
         broker.listeners.append(self)
-        broker.consumers = self
         for stream in broker.streams.values():
             self.on_stream_changed(stream)
 

@@ -21,29 +21,37 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from tether.engine import pull_queue as pq
 from tether.engine.clock import Clock, Timer
-from tether.engine.consumer_ack_subject import ack_format, first_delivery_format
-from tether.engine.consumer_acks import PRIORITY_KEY, AckHandling
-from tether.engine.consumer_config import ConsumerConfig, format_rfc3339, parse_rfc3339
-from tether.engine.consumer_io import ConsumerHost, DeliverySink, RunSink
-from tether.engine.consumer_jobs import JobControl
-from tether.engine.consumer_pull import PullDelivery
-from tether.engine.consumer_push import FC_START, PushDelivery
-from tether.engine.cursor import Matcher, PriorityCursor, SequenceCursor, StreamHead, make_cursor
-from tether.engine.delivery_state import (
+from tether.engine.consumers import pull_queue as pq
+from tether.engine.consumers.ack_subject import ack_format, first_delivery_format
+from tether.engine.consumers.acks import PRIORITY_KEY, AckHandling
+from tether.engine.consumers.config import ConsumerConfig, format_rfc3339, parse_rfc3339
+from tether.engine.consumers.cursor import (
+    Matcher,
+    PriorityCursor,
+    SequenceCursor,
+    StreamHead,
+    make_cursor,
+)
+from tether.engine.consumers.delivery_state import (
     DeadLetter,
     DeliveryState,
     SavedState,
 )
-from tether.engine.pull_queue import PullRequest
-from tether.engine.stream import Stream
+from tether.engine.consumers.job_control import JobControl
+from tether.engine.consumers.pull import PullDelivery
+from tether.engine.consumers.pull_queue import PullRequest
+from tether.engine.consumers.push import FC_START, PushDelivery
+from tether.engine.consumers.sinks import ConsumerHost, DeliverySink, RunSink
+from tether.engine.streams import Stream
 from tether.storage.base import MessageMeta
 
 NS = 1_000_000_000
 
 
-class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
+class Consumer(
+    AckHandling["Consumer"], JobControl, PullDelivery["Consumer"], PushDelivery["Consumer"]
+):
     """One consumer of one stream."""
 
     def __init__(
@@ -54,8 +62,8 @@ class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
         config: ConsumerConfig,
         created_ns: int,
         clock: Clock,
-        sink: DeliverySink,
-        host: ConsumerHost,
+        sink: DeliverySink[Consumer],
+        host: ConsumerHost[Consumer],
         saved: SavedState | None = None,
     ) -> None:
         self.stream = stream
@@ -65,7 +73,7 @@ class Consumer(AckHandling, JobControl, PullDelivery, PushDelivery):
         self.clock = clock
         self.sink = sink
         # The sink as one that takes whole runs, if it is one (checked once: costly).
-        self.run_sink: RunSink | None = sink if isinstance(sink, RunSink) else None
+        self.run_sink: RunSink[Consumer] | None = sink if isinstance(sink, RunSink) else None
         self.host = host
         self._me = self
         self.state = DeliveryState()

@@ -11,33 +11,30 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Generic
 
-from tether.engine import pull_queue as pq
 from tether.engine.clock import Clock
-from tether.engine.consumer_config import ConsumerConfig
-from tether.engine.consumer_io import DeliverySink, RunSink
-from tether.engine.cursor import PriorityCursor, SequenceCursor
-from tether.engine.delivery_state import DeliveryState
-from tether.engine.pull_queue import PullRequest, PullRequestError
+from tether.engine.consumers import pull_queue as pq
+from tether.engine.consumers.config import ConsumerConfig
+from tether.engine.consumers.cursor import PriorityCursor, SequenceCursor
+from tether.engine.consumers.delivery_state import DeliveryState
+from tether.engine.consumers.pull_queue import PullRequest, PullRequestError
+from tether.engine.consumers.sinks import DeliverySink, Me, RunSink
 from tether.storage.base import MessageMeta
-
-if TYPE_CHECKING:
-    from tether.engine.consumer import Consumer
 
 NS = 1_000_000_000
 # Messages looked up ahead per run: bounds the list, not the delivery (runs repeat).
 _RUN_LIMIT = 1024
 
 
-class PullDelivery:
-    """The pull side of :class:`~tether.engine.consumer.Consumer` (a mixin)."""
+class PullDelivery(Generic[Me]):
+    """The pull side of :class:`~tether.engine.consumers.consumer.Consumer` (a mixin)."""
 
     # Provided by Consumer.
-    _me: Consumer  # the consumer itself, typed as such for the sink
+    _me: Me  # the consumer itself, passed to the sink and the host as is
     clock: Clock
-    sink: DeliverySink
-    run_sink: RunSink | None
+    sink: DeliverySink[Me]
+    run_sink: RunSink[Me] | None
     config: ConsumerConfig
     cursor: SequenceCursor | PriorityCursor
     state: DeliveryState

@@ -8,29 +8,26 @@ gives up on it too, and is kept as a dead letter that can be requeued.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic
 
 from tether.engine.clock import Clock, Timer
-from tether.engine.consumer_io import ConsumerHost
-from tether.engine.delivery_state import MAX_DELIVERIES, TERMINATED, DeliveryState
-from tether.engine.stream import Stream
+from tether.engine.consumers.delivery_state import MAX_DELIVERIES, TERMINATED, DeliveryState
+from tether.engine.consumers.sinks import ConsumerHost, Me
+from tether.engine.streams import Stream
 from tether.storage.base import MessageMeta
-
-if TYPE_CHECKING:
-    from tether.engine.consumer import Consumer
 
 NS = 1_000_000_000
 PRIORITY_KEY = 1 << 64  # redelivery sort key = -priority * 2**64 + seq
 
 
-class AckHandling:
-    """The ack side of :class:`~tether.engine.consumer.Consumer` (a mixin)."""
+class AckHandling(Generic[Me]):
+    """The ack side of :class:`~tether.engine.consumers.consumer.Consumer` (a mixin)."""
 
     # Provided by Consumer.
-    _me: Consumer
+    _me: Me  # the consumer itself, passed to the sink and the host as is
     stream: Stream
     clock: Clock
-    host: ConsumerHost
+    host: ConsumerHost[Me]
     state: DeliveryState
     deleted: bool
     notify_acks: bool
