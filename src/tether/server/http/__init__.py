@@ -1,1 +1,1 @@
-"""The HTTP front door: monitoring now, the webhook-broker compatible API later."""
+"""The HTTP front door: webhook-broker's API, Tether's job extensions, monitoring and metrics."""
