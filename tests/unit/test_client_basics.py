@@ -20,9 +20,9 @@ from tether.client import (
     Timeout,
     WrongLastSequence,
 )
+from tether.client._pull_requests import expires_ns, long_request, no_wait_request
 from tether.client.message import JsMsg, parse_ack_subject, status_of
 from tether.client.nuid import Nuid
-from tether.client.pull import expires_ns, long_request, no_wait_request
 
 
 def test_public_api_is_curated() -> None:

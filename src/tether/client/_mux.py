@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tether.client.errors import NoResponders, Timeout
-from tether.client.message import STATUS_NO_RESPONDERS, Msg, status_of
+from tether.client.message import STATUS_NO_RESPONDERS, Msg, MsgConnection, status_of
 from tether.client.options import Options
 from tether.client.subscription import RawHandler, Subscription
 from tether.protocol.nats import encode
-
-if TYPE_CHECKING:
-    from tether.client.connection import Connection
 
 Decoder = Callable[[bytes | None, bytes], Any]
 
@@ -27,7 +24,7 @@ class ReplyTarget(Protocol):
     """What a reply on the muxed inbox is handed to (a request's future, a PubAck future)."""
 
     def _on_reply(
-        self, conn: Connection, subject: str, reply: str, hdr: bytes | None, data: bytes
+        self, conn: MsgConnection, subject: str, reply: str, hdr: bytes | None, data: bytes
     ) -> None: ...
     def _fail(self, exc: BaseException) -> None: ...
 
@@ -40,7 +37,7 @@ class _FutureReply:
         self.decode = decode
 
     def _on_reply(
-        self, conn: Connection, subject: str, reply: str, hdr: bytes | None, data: bytes
+        self, conn: MsgConnection, subject: str, reply: str, hdr: bytes | None, data: bytes
     ) -> None:
         fut = self.fut
         if fut.done():

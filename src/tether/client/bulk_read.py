@@ -18,20 +18,35 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
 from tether.client.errors import BadRequest, ClientError, StreamNotFound, Timeout
 from tether.client.message import Msg, description_of, status_of
+from tether.client.subscription import MsgCallback, Subscription
 from tether.protocol.block import MessageBlock, decode_block
 
-if TYPE_CHECKING:
-    from tether.client.connection import Connection
-
-__all__ = ["NotSupported", "read_blocks"]
+__all__ = ["BulkReadConnection", "NotSupported", "read_blocks"]
 
 READ_PREFIX = "$TETHER.API.STREAM.READ."
+
+
+class BulkReadConnection(Protocol):
+    """What a bulk read needs of the connection: an inbox, its subscription, requests."""
+
+    def new_inbox(self) -> str: ...
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        *,
+        reply: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None: ...
+    async def subscribe(
+        self, subject: str, queue: str = "", *, cb: MsgCallback | None = None
+    ) -> Subscription: ...
 
 
 class NotSupported(ClientError):
@@ -57,7 +72,7 @@ class _Window:
 class _Reader:
     def __init__(
         self,
-        conn: Connection,
+        conn: BulkReadConnection,
         stream: str,
         start: int,
         end: int,
@@ -179,7 +194,7 @@ class _Reader:
 
 
 def read_blocks(
-    conn: Connection,
+    conn: BulkReadConnection,
     stream: str,
     start: int,
     end: int,

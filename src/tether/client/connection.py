@@ -17,9 +17,10 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from tether.client._io import CLOSED, CONNECTED, DRAINING, RECONNECTING, Io
+from tether.client._listener import Listener
 from tether.client._mux import RequestMux
 from tether.client.errors import (
     AuthorizationError,
@@ -28,6 +29,7 @@ from tether.client.errors import (
     NoServersAvailable,
     Timeout,
 )
+from tether.client.jetstream import JetStream
 from tether.client.nuid import Nuid
 from tether.client.options import Options, Server, ServerPool
 from tether.client.subscription import (
@@ -38,18 +40,7 @@ from tether.client.subscription import (
 )
 from tether.protocol.nats import PING, encode_sub, encode_unsub
 
-if TYPE_CHECKING:
-    from tether.client.jetstream import JetStream
-
 log = logging.getLogger("tether.client")
-
-
-class Listener(Protocol):
-    """Internal components that must act on connection events (re-issue pulls, fail waits)."""
-
-    def _on_disconnected(self) -> None: ...
-    def _on_reconnected(self) -> None: ...
-    def _on_closed(self) -> None: ...
 
 
 class Connection(Io, RequestMux):
@@ -107,8 +98,6 @@ class Connection(Io, RequestMux):
 
     def jetstream(self, **kwargs: Any) -> JetStream:
         """A JetStream context on this connection (see :class:`JetStream`)."""
-        from tether.client.jetstream import JetStream
-
         return JetStream(self, **kwargs)
 
     # -- connecting -------------------------------------------------------------------

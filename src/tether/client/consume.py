@@ -20,8 +20,10 @@ restart. A 409 ``Consumer Deleted`` still ends the stream.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import Protocol
 
+from tether.client._pull_requests import expires_ns, status_error
 from tether.client.errors import ClientError, ConnectionClosed, HeartbeatMissed
 from tether.client.message import (
     STATUS_CONFLICT,
@@ -31,10 +33,6 @@ from tether.client.message import (
     STATUS_REQUEST_TIMEOUT,
     JsMsg,
 )
-from tether.client.pull import expires_ns, status_error
-
-if TYPE_CHECKING:
-    from tether.client.pull import PullSubscription
 
 # Pull again this long after a 503, doubling per 503 in a row.
 _RETRY_FIRST = 0.1
@@ -46,12 +44,38 @@ _TRANSIENT_409 = ("exceeded maxwaiting", "batch completed", "message size exceed
 _DROPPED_409 = ("server shutdown", "leadership change")
 
 
+class StreamConnection(Protocol):
+    """What a message stream needs of the connection."""
+
+    @property
+    def is_connected(self) -> bool: ...
+    @property
+    def is_closed(self) -> bool: ...
+    def _report(self, exc: Exception) -> None: ...
+
+
+class FeedSource(Protocol):
+    """What a message stream needs of its pull subscription: the buffer, pulls, the feed."""
+
+    next_subject: str
+
+    @property
+    def _conn(self) -> StreamConnection: ...
+    @property
+    def _buffer(self) -> deque[JsMsg]: ...
+    @property
+    def _sink(self) -> object: ...
+    def _request(self, batch: int, expires: int, heartbeat: float | None = None) -> str: ...
+    def _attach(self, sink: MessageStream | None) -> None: ...
+    async def _cancel_requests(self, timeout: float = 2.0) -> None: ...  # noqa: ASYNC109 - as in PullSubscription
+
+
 class MessageStream:
     """Returned by :meth:`PullSubscription.messages`; iterate it, then :meth:`stop` it."""
 
     def __init__(
         self,
-        sub: PullSubscription,
+        sub: FeedSource,
         batch: int,
         threshold: int | None,
         expires: float,

@@ -9,22 +9,35 @@ slot, otherwise it fails fast with :class:`PublishStalled`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
-from tether.client.bulk_read import read_blocks
+from tether.client.bulk_read import BulkReadConnection, read_blocks
 from tether.client.errors import ApiError, NoResponders, ServiceUnavailable
 from tether.client.models import ConsumerConfig, ConsumerInfo, StreamConfig, StreamInfo
-from tether.client.publish import Publisher
+from tether.client.nuid import Nuid
+from tether.client.publish import PublishConnection, Publisher
+from tether.client.pull import PullConnection, PullSubscription
 from tether.protocol.block import MessageBlock
-
-if TYPE_CHECKING:
-    from tether.client.connection import Connection
-    from tether.client.pull import PullSubscription
 
 _decode_json = msgspec.json.decode
 _encode_json = msgspec.json.encode
+
+
+class JetStreamConnection(PublishConnection, PullConnection, BulkReadConnection, Protocol):
+    """The connection as a JetStream context (and what is built on it) uses it.
+
+    ``js.conn`` is the :class:`~tether.client.connection.Connection` itself; the last
+    three methods are here for callers that reach the connection through it.
+    """
+
+    _nuid: Nuid
+
+    async def wait_connected(self, timeout: float | None = None) -> None: ...  # noqa: ASYNC109 - the NATS client API
+    def jetstream(self, **kwargs: Any) -> JetStream: ...
+    async def drain(self, timeout: float | None = None) -> None: ...  # noqa: ASYNC109 - the NATS client API
+    async def close(self) -> None: ...
 
 
 class JetStream(Publisher):
@@ -34,9 +47,11 @@ class JetStream(Publisher):
     ``publish_ack_timeout`` is how long such a publish waits for its ack.
     """
 
+    conn: JetStreamConnection
+
     def __init__(
         self,
-        conn: Connection,
+        conn: JetStreamConnection,
         *,
         domain: str | None = None,
         prefix: str = "$JS.API",
@@ -218,8 +233,6 @@ class JetStream(Publisher):
         self, stream: str, consumer: str, config: ConsumerConfig | None = None
     ) -> PullSubscription:
         """A pull subscription on an existing consumer (created first when ``config`` is given)."""
-        from tether.client.pull import PullSubscription
-
         if config is not None:
             if not (config.durable_name or config.name):
                 config = msgspec.structs.replace(config, durable_name=consumer)

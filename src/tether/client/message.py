@@ -9,13 +9,11 @@ or the v2 form with domain and account hash) the first time it is read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tether.client.errors import MsgAlreadyAcked, NotJetStreamMessage
+from tether.client.options import Options
 from tether.protocol.nats import encode_pub, parse_headers
-
-if TYPE_CHECKING:
-    from tether.client.connection import Connection
 
 ACK = b"+ACK"
 NAK = b"-NAK"
@@ -46,6 +44,34 @@ def description_of(hdr: bytes) -> str:
     return hdr[13 : end if end >= 0 else len(hdr)].decode("utf-8", "replace").strip()
 
 
+class MsgConnection(Protocol):
+    """What a message needs of its connection: a way to reply and to send acks."""
+
+    options: Options
+    _out_bytes: int
+    _paused: bool
+
+    def _send(self, frame: bytes) -> None: ...
+    async def _wait_writable(self) -> None: ...
+    async def _publish_frame(self, frame: bytes) -> None: ...
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        *,
+        reply: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None: ...
+    async def request(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        *,
+        timeout: float = 5.0,  # noqa: ASYNC109 - the NATS client API
+        headers: dict[str, str] | None = None,
+    ) -> Msg: ...
+
+
 class Msg:
     """A message received on a subscription."""
 
@@ -53,7 +79,7 @@ class Msg:
 
     def __init__(
         self,
-        conn: Connection | None,
+        conn: MsgConnection | None,
         subject: str,
         reply: str,
         data: bytes,
@@ -150,7 +176,7 @@ class JsMsg(Msg):
 
     def __init__(
         self,
-        conn: Connection | None,
+        conn: MsgConnection | None,
         subject: str,
         reply: str,
         data: bytes,
@@ -178,7 +204,7 @@ class JsMsg(Msg):
         """True once ack, nak or term was sent."""
         return self._settled
 
-    def _settle(self) -> Connection:
+    def _settle(self) -> MsgConnection:
         if self._settled:
             raise MsgAlreadyAcked(f"message {self.reply!r} was already acknowledged")
         if self._conn is None or not self.reply:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
+from tether.client._mux import Decoder, ReplyTarget
 from tether.client.errors import ApiError, NoStreamResponse, PublishStalled, Timeout
-from tether.client.message import STATUS_NO_RESPONDERS, status_of
+from tether.client.message import STATUS_NO_RESPONDERS, MsgConnection, status_of
 from tether.client.models import PubAck, PubAckResponse
-
-if TYPE_CHECKING:
-    from tether.client.connection import Connection
 
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_STREAM = "Nats-Expected-Stream"
@@ -65,6 +63,24 @@ def publish_headers(
     merged = dict(headers or {})
     merged.update({k: str(v) for k, v in extra if v is not None})
     return merged
+
+
+class PublishConnection(MsgConnection, Protocol):
+    """What publishing needs of the connection: the muxed inbox and its reply map."""
+
+    _loop: asyncio.AbstractEventLoop
+    _resp_map: dict[str, ReplyTarget]
+
+    def _request_to(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None, target: ReplyTarget
+    ) -> str: ...
+    def _request_future(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+        decode: Decoder | None = None,
+    ) -> tuple[str, asyncio.Future[Any]]: ...
 
 
 class PubAckFuture:
@@ -117,7 +133,7 @@ class PubAckFuture:
                 fut.set_result(ack)  # type: ignore[arg-type]
 
     def _on_reply(
-        self, conn: Connection, subject: str, reply: str, hdr: bytes | None, data: bytes
+        self, conn: MsgConnection, subject: str, reply: str, hdr: bytes | None, data: bytes
     ) -> None:
         try:
             if hdr is None and b'"error"' not in data:
@@ -143,7 +159,7 @@ class PubAckFuture:
 class Publisher:
     """The publishing half of :class:`~tether.client.jetstream.JetStream`."""
 
-    conn: Connection
+    conn: PublishConnection
     timeout: float
 
     def _init_publisher(

@@ -29,72 +29,56 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from tether.client._listener import Listener
+from tether.client._pull_requests import (
+    expires_ns,
+    long_request,
+    no_wait_request,
+    pending_messages,
+    status_error,
+)
+from tether.client.consume import MessageStream
 from tether.client.errors import (
     BadSubscription,
     ClientError,
     ConnectionClosed,
-    ConsumerDeleted,
     HeartbeatMissed,
-    NoResponders,
-    PullError,
     Timeout,
 )
 from tether.client.message import (
-    STATUS_CONFLICT,
     STATUS_CONTROL,
     STATUS_NO_MESSAGES,
-    STATUS_NO_RESPONDERS,
     STATUS_REQUEST_TIMEOUT,
     JsMsg,
     description_of,
     status_of,
 )
-from tether.protocol.nats import encode_pub, header_value
-
-if TYPE_CHECKING:
-    from tether.client.consume import MessageStream
-    from tether.client.jetstream import JetStream
-    from tether.client.subscription import Subscription
-
-# The server should expire a lingering pull this much before the client gives up,
-# so its 408 arrives while we still listen (ADR: "100ms before the client side timeout").
-EXPIRES_MARGIN = 0.1
+from tether.client.subscription import RawHandler, Subscription, SubscriptionConnection
+from tether.protocol.nats import encode_pub
 
 
-def expires_ns(timeout: float) -> int:
-    """``expires`` for a pull the client waits ``timeout`` seconds for."""
-    return round((timeout - min(EXPIRES_MARGIN, timeout / 2)) * 1_000_000_000)
+class PullConnection(SubscriptionConnection, Protocol):
+    """What pull subscriptions need of the connection: inboxes, raw subscriptions, events."""
+
+    @property
+    def is_connected(self) -> bool: ...
+    def new_inbox(self) -> str: ...
+    def _subscribe_raw(
+        self, subject: str, handler: RawHandler, queue: str = ""
+    ) -> Subscription: ...
+    def _listen(self, listener: Listener) -> None: ...
+    def _unlisten(self, listener: Listener) -> None: ...
 
 
-def no_wait_request(batch: int) -> bytes:
-    return b'{"batch":%d,"no_wait":true}' % batch
+class PullContext(Protocol):
+    """What a pull subscription needs of its JetStream context: the connection, the API prefix."""
 
-
-def long_request(batch: int, expires: int, heartbeat: float | None = None) -> bytes:
-    if heartbeat:
-        return b'{"batch":%d,"expires":%d,"idle_heartbeat":%d}' % (
-            batch,
-            expires,
-            round(heartbeat * 1_000_000_000),
-        )
-    return b'{"batch":%d,"expires":%d}' % (batch, expires)
-
-
-def pending_messages(hdr: bytes) -> int:
-    """``Nats-Pending-Messages`` of a 408/409 status: how many of a request were not sent."""
-    raw = header_value(hdr, b"Nats-Pending-Messages")
-    return int(raw) if raw and raw.isdigit() else 0
-
-
-def status_error(status: int, description: str) -> ClientError:
-    """The error a terminating pull status means for the caller."""
-    if status == STATUS_NO_RESPONDERS:
-        return NoResponders(f"pull reached no consumer ({status} {description})".strip())
-    if status == STATUS_CONFLICT and "deleted" in description.lower():
-        return ConsumerDeleted(status, description)
-    return PullError(status, description)
+    @property
+    def conn(self) -> PullConnection: ...
+    @property
+    def prefix(self) -> str: ...
 
 
 class FeedSink(Protocol):
@@ -158,7 +142,7 @@ class _Batch:
 class PullSubscription:
     """Pulls messages from one consumer. Get it with ``js.pull_subscribe(stream, consumer)``."""
 
-    def __init__(self, js: JetStream, stream: str, consumer: str) -> None:
+    def __init__(self, js: PullContext, stream: str, consumer: str) -> None:
         self._js = js
         self._conn = js.conn
         self.stream = stream
@@ -426,8 +410,6 @@ class PullSubscription:
         plus still-owed messages fall to ``threshold`` (default: half of ``batch``).
         Use it as ``async with sub.messages() as stream: async for msg in stream``.
         """
-        from tether.client.consume import MessageStream
-
         if self._stream is not None and not self._stream.stopped:
             raise BadSubscription("a message stream is already running on this subscription")
         stream = MessageStream(self, batch, threshold, expires, heartbeat)

@@ -14,13 +14,10 @@ import contextlib
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tether.client.errors import BadSubscription, ConnectionClosed, SlowConsumer, Timeout
-from tether.client.message import Msg
-
-if TYPE_CHECKING:
-    from tether.client.connection import Connection
+from tether.client.message import Msg, MsgConnection
 
 RawHandler = Callable[[str, str, "bytes | None", bytes], None]
 """``handler(subject, reply, header_block_or_None, payload)``, called inline by the reader."""
@@ -28,6 +25,17 @@ RawHandler = Callable[[str, str, "bytes | None", bytes], None]
 MsgCallback = Callable[[Msg], "Awaitable[None] | None"]
 
 DEFAULT_PENDING_MSGS_LIMIT = 512 * 1024
+
+
+class SubscriptionConnection(MsgConnection, Protocol):
+    """What a subscription needs of its connection (besides what its messages need)."""
+
+    @property
+    def is_closed(self) -> bool: ...
+    def _report(self, exc: Exception) -> None: ...
+    def _unsubscribe(self, sub: Subscription, limit: int) -> None: ...
+    def _forget(self, sub: Subscription) -> None: ...
+    async def flush(self, timeout: float | None = None) -> None: ...  # noqa: ASYNC109 - the NATS client API
 
 
 class Subscription:
@@ -53,7 +61,7 @@ class Subscription:
 
     def __init__(
         self,
-        conn: Connection,
+        conn: SubscriptionConnection,
         sid: str,
         subject: str,
         queue: str = "",

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tether.client._pull_requests import expires_ns, status_error
 from tether.client.backoff import Backoff
 from tether.client.errors import ClientError, HeartbeatMissed
 from tether.client.message import (
@@ -35,7 +36,7 @@ from tether.client.message import (
     JsMsg,
     JsMsgView,
 )
-from tether.client.pull import PullSubscription, expires_ns, status_error
+from tether.client.pull import PullSubscription
 from tether.client.ready import Phase, ReadyController, SourceState
 from tether.protocol.nats import encode_pub
 
