@@ -16,6 +16,7 @@ from tether.engine.jobs import ServiceSettings, WebhookService
 from tether.server.config import ServerConfig
 from tether.server.http import monitor, webhook_api
 from tether.server.http.auth import AsgiApp, GatewayMiddleware
+from tether.server.http.limits import HttpLimits
 from tether.server.http.listener import HttpListener
 from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.jetstream import JetStreamApi
@@ -88,7 +89,15 @@ class Tether:
         )
         # Broadcasts are served ahead of Starlette (same checks, same bytes).
         lean = self.webhook_front.asgi(web, gateway(web))
-        self.http = HttpListener(lean, cfg.host, cfg.http_port)
+        limits = HttpLimits(
+            max_header_bytes=cfg.http_max_header_bytes,
+            max_headers=cfg.http_max_headers,
+            header_timeout=cfg.http_header_timeout,
+            body_timeout=cfg.http_body_timeout,
+            idle_timeout=cfg.http_idle_timeout,
+            max_connections=cfg.http_max_connections,
+        )
+        self.http = HttpListener(lean, cfg.host, cfg.http_port, limits)
         await self.http.start()
         self.http_port = self.http.port
         log.info("Starting http monitor on %s:%d", cfg.host, self.http_port)

@@ -31,7 +31,7 @@ import msgspec
 from tether.storage.base import ConsumerRecord, Store
 
 REGISTRY_STREAM = "$tether.webhook"  # not a valid stream name: cannot collide
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _TOKEN_ALPHABET = string.ascii_letters + string.digits
 
 ConsumerType = Literal["push", "pull"]
@@ -39,7 +39,7 @@ ConsumerType = Literal["push", "pull"]
 
 def valid_id(value: str) -> bool:
     """IDs become stream names and subject tokens, so they keep to ``[A-Za-z0-9_-]``."""
-    return bool(ID_PATTERN.match(value))
+    return ID_PATTERN.fullmatch(value) is not None
 
 
 def random_token() -> str:

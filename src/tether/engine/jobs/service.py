@@ -52,7 +52,7 @@ log = logging.getLogger("tether.webhook")
 
 STREAM_PREFIX = "WB_"
 SUBJECT_PREFIX = "wb."
-_GENERATED_ID = re.compile(r"^s(\d+)$")
+_GENERATED_ID = re.compile(r"s([0-9]{1,19})")
 
 
 def stream_name(channel_id: str) -> str:
@@ -352,7 +352,7 @@ class WebhookService:
         seq = self._ids.get(channel_id, {}).get(message_id)
         if seq is not None:
             return seq
-        m = _GENERATED_ID.match(message_id)
+        m = _GENERATED_ID.fullmatch(message_id)
         if m is None:
             return None
         seq = int(m.group(1))

@@ -54,6 +54,17 @@ def owned_by_http(config: ConsumerConfig) -> bool:
     return metadata is not None and metadata.get(OWNER_KEY) == OWNER
 
 
+# Per consumer, how many DELIVERED jobs remember when they were delivered.
+KEEP_DELIVERED_STAMPS = 4096
+
+# The moves a job can make over HTTP, by current state (for error messages).
+_ALLOWED = {
+    "QUEUED": "QUEUED -> INFLIGHT",
+    "INFLIGHT": "INFLIGHT -> DELIVERED, INFLIGHT -> DEAD",
+    "DEAD": "DEAD -> INFLIGHT",
+}
+
+
 class JobError(Exception):
     """A refused request on a job (the HTTP layer answers 400 with the text)."""
 
@@ -240,6 +251,16 @@ class JobView:
                 out[QUEUED].append(meta.ts)
         return out
 
+    def delivered_stamps(self) -> list[int]:
+        """When the DELIVERED jobs that still remember it were delivered."""
+        c = self.consumer
+        state = c.state
+        return [
+            t
+            for seq, t in self.changed.items()
+            if seq not in state.pending and seq not in state.dead and not c.is_available(seq)
+        ]
+
     def delivered_count(self) -> int:
         """How many jobs are DELIVERED (a walk of the stream: for status pages only)."""
         c = self.consumer
@@ -306,7 +327,11 @@ class JobView:
         elif next_state == DEAD and current == INFLIGHT:
             c.term(seq)
         else:
-            raise JobError(INVALID_TRANSITION)
+            # webhook-broker's words first (clients match on them), then which move.
+            raise JobError(
+                f"{INVALID_TRANSITION}: {current} -> {next_state or '(none)'} is not allowed"
+                f" (allowed: {_ALLOWED.get(current, 'none')})"
+            )
         self._changed(seq)
         return True
 
@@ -322,7 +347,7 @@ class JobView:
         return deadline
 
     def deliver(self, seq: int) -> bool:
-        """A push delivery succeeded (INFLIGHT → DELIVERED)."""
+        """A push delivery succeeded (INFLIGHT -> DELIVERED)."""
         if self.status(seq) != INFLIGHT:
             return False
         self.consumer.ack(seq)
@@ -348,7 +373,7 @@ class JobView:
         return False
 
     def requeue_dead(self, seq: int) -> bool:
-        """DEAD → QUEUED with the retry count reset (``requeue-dead-job``)."""
+        """DEAD -> QUEUED with the retry count reset (``requeue-dead-job``)."""
         if self.status(seq) != DEAD or not self.consumer.requeue_dead(seq):
             return False
         self._changed(seq)
@@ -393,10 +418,18 @@ class JobView:
         c = self.consumer
         state = c.state
         meta = c.stream.meta
+        delivered: list[int] = []
         for seq in [s for s in self.changed if s not in state.pending and s not in state.dead]:
-            if meta(seq) is None or not c.is_available(seq):
+            if meta(seq) is None:
                 self.timeouts.pop(seq, None)
                 self.changed.pop(seq, None)
+            elif not c.is_available(seq):
+                self.timeouts.pop(seq, None)
+                delivered.append(seq)
+        # When a DELIVERED job changed is kept for the most recent deliveries only (in
+        # the order they were recorded): the extras are written with every save.
+        for seq in delivered[: max(0, len(delivered) - KEEP_DELIVERED_STAMPS)]:
+            self.changed.pop(seq, None)
         self.backing_off = {s for s in self.backing_off if s in state.pending}
         self.dropped = {s for s in self.dropped if meta(s) is not None}
         extras: list[int] = []

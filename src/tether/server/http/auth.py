@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from tether.engine.jobs import Channel, Consumer, Producer
 from tether.engine.jobs.registry import verify_token as _verify_token
+from tether.protocol.numbers import parse_uint
 from tether.server.http.common import NOT_FOUND, Api, text
 
 CHANNEL_TOKEN = "x-broker-channel-token"
@@ -54,6 +55,14 @@ def verify_token(token: str | None, stored: str) -> bool:
     return True
 
 
+def _token_refused(kind: str, header: str, given: str | None) -> Response:
+    """403, in webhook-broker's words when a token was sent; naming the header when not."""
+    if not given:
+        name = "-".join(part.capitalize() for part in header.split("-"))
+        return text(403, f"{kind} token is missing: send it in the {name} header")
+    return text(403, f"{kind} token does not match")
+
+
 def broadcaster(
     api: Api, headers: Mapping[str, str], channel_id: str
 ) -> tuple[Channel, Producer] | Response:
@@ -63,12 +72,12 @@ def broadcaster(
     if channel is None:
         return text(404, NOT_FOUND)
     if not verify_token(headers.get(CHANNEL_TOKEN), channel.token_hash):
-        return text(403, "channel token does not match")
+        return _token_refused("channel", CHANNEL_TOKEN, headers.get(CHANNEL_TOKEN))
     producer = reg.producers.get(headers.get(PRODUCER_ID, ""))
     if producer is None:
         return text(401, "producer could not be found")
     if not verify_token(headers.get(PRODUCER_TOKEN), producer.token_hash):
-        return text(403, "producer token does not match")
+        return _token_refused("producer", PRODUCER_TOKEN, headers.get(PRODUCER_TOKEN))
     return channel, producer
 
 
@@ -83,12 +92,12 @@ def pull_consumer(
     if channel is None:
         return text(404, NOT_FOUND)
     if not verify_token(request.headers.get(CHANNEL_TOKEN), channel.token_hash):
-        return text(403, "channel token does not match")
+        return _token_refused("channel", CHANNEL_TOKEN, request.headers.get(CHANNEL_TOKEN))
     consumer = reg.consumers.get((channel_id, consumer_id))
     if consumer is None:
         return text(401, "consumer could not be found") if pull else text(404, NOT_FOUND)
     if not verify_token(request.headers.get(CONSUMER_TOKEN), consumer.token_hash):
-        return text(403, "consumer token does not match")
+        return _token_refused("consumer", CONSUMER_TOKEN, request.headers.get(CONSUMER_TOKEN))
     if pull and consumer.type != "pull":
         return text(412, "consumer not pull based")
     return consumer
@@ -97,9 +106,10 @@ def pull_consumer(
 def parse_job_id(job_id: str) -> tuple[int, int] | None:
     """Job ids are ``<consumer number>-<stream sequence>``."""
     num, sep, seq = job_id.partition("-")
-    if not sep or not num.isdigit() or not seq.isdigit() or len(job_id) > 40:
+    if not sep or len(job_id) > 40:
         return None
-    return int(num), int(seq)
+    n, s = parse_uint(num), parse_uint(seq)
+    return None if n is None or s is None else (n, s)
 
 
 def job_of(api: Api, consumer: Consumer, job_id: str) -> int | Response:
@@ -185,7 +195,7 @@ class GatewayMiddleware:
             if name == b"x-request-id":
                 rid = value[:128]
             elif name == b"content-length":
-                length = int(value) if value.isdigit() else -1
+                length = content_length(value)
             elif name == b"x-broker-signature":
                 signature = value.decode("latin-1")
         rid = rid or new_request_id()
@@ -272,6 +282,12 @@ async def _reply(send: Send, status: int, message: str, rid: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def content_length(value: bytes) -> int:
+    """The declared body length, or -1 when there is none worth believing."""
+    length = parse_uint(value)
+    return -1 if length is None else length
+
+
 def _parse_signature(header: str) -> tuple[int, str] | None:
     parts = header.split(",")
     if len(parts) != 2:
@@ -280,9 +296,8 @@ def _parse_signature(header: str) -> tuple[int, str] | None:
     signature: str | None = None
     for part in (p.strip() for p in parts):
         if part.startswith("t="):
-            try:
-                stamp = int(part[2:])
-            except ValueError:
+            stamp = parse_uint(part[2:])
+            if stamp is None:
                 return None
         elif part.startswith("v1="):
             signature = part[3:]

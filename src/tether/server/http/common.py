@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import formatdate, parsedate_to_datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -27,6 +27,7 @@ MISSING_CONDITION = "Bad Request: Update is missing `If-Unmodified-Since` header
 CONDITION_FAILED = "Update failed due to mismatch of `If-Unmodified-Since` header value"
 
 _encoder = msgspec.json.Encoder()
+S = TypeVar("S", bound=msgspec.Struct)
 
 
 @dataclass(slots=True)
@@ -53,6 +54,26 @@ class Api:
         for fut in self.waiters.pop(key, ()):
             if not fut.done():
                 fut.set_result(None)
+
+
+def decode_body(body: bytes, type_: type[S], empty_ok: bool = False) -> S:
+    """A JSON request body as ``type_`` (a struct whose fields carry their limits).
+
+    Raises ValueError with a message for the client on anything else: empty when a body
+    is required, not JSON, wrong types or ranges, or nested too deeply to decode.
+    """
+    if not body.strip():
+        if empty_ok:
+            return msgspec.convert({}, type_)
+        raise ValueError("a JSON body is required")
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid JSON body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise ValueError("malformed JSON body: nested too deeply") from None
 
 
 def text(status: int, message: str = "") -> Response:

@@ -4,7 +4,7 @@ letters, and Tether's atomic claim, touch and bulk state change."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from starlette.requests import Request
@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from tether.engine.jobs.registry import Consumer, verify_token
 from tether.engine.jobs.view import DEAD, NOT_DEAD, JobError, JobInfo
+from tether.protocol.numbers import parse_uint
 from tether.server.http.auth import job_of, pull_consumer
 from tether.server.http.common import (
     NOT_FOUND,
@@ -20,6 +21,7 @@ from tether.server.http.common import (
     Api,
     channel_url,
     consumer_url,
+    decode_body,
     form_values,
     is_form,
     job_url,
@@ -41,32 +43,41 @@ def job_id(k: Consumer, seq: int) -> str:
     return f"{k.num}-{seq}"
 
 
-def _int_field(doc: dict[str, Any], name: str, default: int, hi: int) -> int:
-    value = doc.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
-        raise ValueError(f"{name} must be an integer from 0 to {hi}")
-    return value
+# Request bodies: every field typed and bounded, decoded in one step (common.decode_body).
+Timeout = Annotated[int, msgspec.Meta(ge=0, le=MAX_TIMEOUT)]
 
 
-def _json_object(body: bytes, empty_ok: bool) -> dict[str, Any]:
-    if empty_ok and not body.strip():
-        return {}
-    try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise ValueError(f"malformed JSON body: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValueError("the JSON body must be an object")
-    return doc
+class StateChange(msgspec.Struct):
+    """``POST …/job/{id}``: webhook-broker's state change."""
+
+    NextState: str = ""
+    IncrementalTimeout: Timeout = 0
 
 
-def _state_change(doc: dict[str, Any]) -> tuple[str, int]:
-    state = doc.get("NextState", "")
-    if not isinstance(state, str):
-        raise ValueError("NextState must be a string")
-    return state, _int_field(doc, "IncrementalTimeout", 0, MAX_TIMEOUT)
+class BulkChange(msgspec.Struct, kw_only=True):
+    ID: str
+    NextState: str = ""
+    IncrementalTimeout: Timeout = 0
+
+
+class BulkRequest(msgspec.Struct):
+    """``POST …/jobs``: many state changes at once."""
+
+    Jobs: Annotated[list[BulkChange], msgspec.Meta(max_length=MAX_BULK)]
+
+
+class ClaimRequest(msgspec.Struct):
+    """``POST …/claim``; ``Max`` is bounded by the server's ``max_claim`` after decoding."""
+
+    Max: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_LIMIT
+    IncrementalTimeout: Timeout = 0
+    Wait: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
+class TouchRequest(msgspec.Struct):
+    """``POST …/job/{id}/touch``; no timeout keeps the consumer's."""
+
+    IncrementalTimeout: Timeout | None = None
 
 
 def routes(api: Api) -> list[Route]:
@@ -104,10 +115,11 @@ def routes(api: Api) -> list[Route]:
         raw = request.query_params.get("limit", "")
         if raw == "":
             limit = DEFAULT_LIMIT
-        elif raw.isdigit():  # webhook-broker: not an integer or negative → 400
-            limit = min(int(raw), MAX_LIMIT)
-        else:
-            return text(400, "invalid query parameter")
+        else:  # webhook-broker: not an integer or negative → 400
+            given = parse_uint(raw)
+            if given is None:
+                return text(400, "invalid query parameter")
+            limit = min(given, MAX_LIMIT)
         jobs = service.jobs(k).peek(limit)
         return json({"Result": await jobs_body(k, jobs)})
 
@@ -155,8 +167,8 @@ def routes(api: Api) -> list[Route]:
                 }
             )
         try:
-            state, timeout = _state_change(_json_object(await request.body(), empty_ok=False))
-            jobs_view.transition(seq, state, timeout)
+            change = decode_body(await request.body(), StateChange)
+            jobs_view.transition(seq, change.NextState, change.IncrementalTimeout)
         except (ValueError, JobError) as exc:
             return text(400, str(exc))
         return Response(status_code=202)
@@ -233,18 +245,14 @@ def routes(api: Api) -> list[Route]:
         if isinstance(k, Response):
             return k
         try:
-            doc = _json_object(await request.body(), empty_ok=True)
-            limit = _int_field(doc, "Max", DEFAULT_LIMIT, api.settings.max_claim)
-            timeout = _int_field(doc, "IncrementalTimeout", 0, MAX_TIMEOUT)
-            wait = doc.get("Wait", 0)
-            if (
-                isinstance(wait, bool)
-                or not isinstance(wait, int | float)
-                or not 0 <= wait <= api.settings.max_claim_wait
-            ):
+            req = decode_body(await request.body(), ClaimRequest, empty_ok=True)
+            if req.Max > api.settings.max_claim:
+                raise ValueError(f"Max must be an integer from 0 to {api.settings.max_claim}")
+            if req.Wait > api.settings.max_claim_wait:
                 raise ValueError(
                     f"Wait must be a number of seconds from 0 to {api.settings.max_claim_wait:g}"
                 )
+            limit, timeout, wait = req.Max, req.IncrementalTimeout, req.Wait
         except ValueError as exc:
             return text(400, str(exc))
         key = (k.channel, k.id)
@@ -274,9 +282,8 @@ def routes(api: Api) -> list[Route]:
             return found
         k, seq = found
         try:
-            doc = _json_object(await request.body(), empty_ok=True)
-            timeout = _int_field(doc, "IncrementalTimeout", -1, MAX_TIMEOUT)
-            deadline = service.jobs(k).touch(seq, None if timeout < 0 else timeout)
+            touched = decode_body(await request.body(), TouchRequest, empty_ok=True)
+            deadline = service.jobs(k).touch(seq, touched.IncrementalTimeout)
         except (ValueError, JobError) as exc:
             return text(400, str(exc))
         return json({"Deadline": rfc3339(deadline)})
@@ -288,15 +295,8 @@ def routes(api: Api) -> list[Route]:
         if isinstance(k, Response):
             return k
         try:
-            doc = _json_object(await request.body(), empty_ok=False)
-            items = doc.get("Jobs")
-            if not isinstance(items, list) or len(items) > MAX_BULK:
-                raise ValueError(f"Jobs must be a list of at most {MAX_BULK} state changes")
-            changes = []
-            for item in items:
-                if not isinstance(item, dict) or not isinstance(item.get("ID"), str):
-                    raise ValueError("each job needs an ID string")
-                changes.append((item["ID"], *_state_change(item)))
+            items = decode_body(await request.body(), BulkRequest).Jobs
+            changes = [(item.ID, item.NextState, item.IncrementalTimeout) for item in items]
         except ValueError as exc:
             return text(400, str(exc))
         jobs_view = service.jobs(k)

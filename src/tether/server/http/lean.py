@@ -25,6 +25,7 @@ from tether.server.http.auth import (
     Receive,
     Scope,
     Send,
+    content_length,
     new_request_id,
     replay_body,
 )
@@ -92,7 +93,7 @@ class LeanRoutes:
             receive,
             send,
             rid,
-            -1 if length is None or not length.isdigit() else int(length),
+            -1 if length is None else content_length(length),
             "" if signature is None else signature.decode("latin-1"),
         )
         return None if body is None else (rid, body)

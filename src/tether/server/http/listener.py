@@ -10,6 +10,7 @@ from collections.abc import Generator
 import uvicorn
 
 from tether.server.http.auth import AsgiApp
+from tether.server.http.limits import HttpLimits, bounded_protocol
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -22,8 +23,11 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpListener:
     """An HTTP listener sharing the broker's loop; ``port`` is known after :meth:`start`."""
 
-    def __init__(self, app: AsgiApp, host: str, port: int) -> None:
+    def __init__(
+        self, app: AsgiApp, host: str, port: int, limits: HttpLimits | None = None
+    ) -> None:
         self._app = app
+        self._limits = limits or HttpLimits()
         self._host = host
         self._requested_port = port if port > 0 else 0
         self.port = 0
@@ -39,15 +43,18 @@ class HttpListener:
         sock.setblocking(False)
         self.port = int(sock.getsockname()[1])
         # No X-Forwarded-* rewriting (nothing reads the client address or scheme), no
-        # access log; httptools and the broker's loop (uvloop) as everywhere.
+        # access log; httptools (with Tether's limits, see limits.py) and the broker's loop
+        # (uvloop) as everywhere.
         config = uvicorn.Config(
             self._app,
             log_level="warning",
             lifespan="off",
             access_log=False,
             loop="none",
-            http="httptools",
+            http=bounded_protocol(self._limits),
             proxy_headers=False,
+            timeout_keep_alive=int(max(1, self._limits.idle_timeout)),
+            limit_concurrency=self._limits.max_connections,
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))

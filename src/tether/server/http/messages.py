@@ -33,7 +33,7 @@ from tether.server.http.pagination import paginate, seq_page
 
 MSG_ACKNOWLEDGED, MSG_DISPATCHED = 100, 101
 SCHEDULED, SCHEDULE_DISPATCHED = 100, 101
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _RESERVED = {
     "content-type",
     "content-length",
@@ -124,7 +124,7 @@ def _metadata(headers: Mapping[str, str]) -> dict[str, str] | Response:
     for name in (n.strip() for n in names.split(",")):
         if not name:
             continue
-        if not _TOKEN.match(name) or name.lower() in _RESERVED:
+        if not _TOKEN.fullmatch(name) or name.lower() in _RESERVED:
             return text(400, f"invalid metadata header name: {name!r}")
         value = headers.get(name.lower(), "")
         if value:

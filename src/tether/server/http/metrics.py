@@ -94,12 +94,15 @@ def job_status(service: WebhookService) -> dict[str, dict[str, list[dict[str, ob
                 )
         delivered = view.delivered_count()
         if delivered:
+            # Delivery times are kept for the most recent deliveries (view.py); jobs
+            # delivered over NATS have the consumer's last ack time at least.
+            stamps = view.delivered_stamps() or [view.consumer.last_ack_ns]
             rows.append(
                 {
                     "status": STATUS_CODES[DELIVERED],
                     "count": delivered,
-                    "oldestItemTimestamp": "",
-                    "newestItemTimestamp": "",
+                    "oldestItemTimestamp": rfc3339(min(stamps)),
+                    "newestItemTimestamp": rfc3339(max(stamps)),
                 }
             )
         if rows:

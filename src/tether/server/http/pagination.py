@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 from starlette.requests import Request
 
+from tether.protocol.numbers import parse_uint
 from tether.server.http.common import rfc3339
 
 PAGE_SIZE = 25
@@ -51,7 +52,7 @@ def _trim_nanos(stamp: str) -> str:
         return stamp
     head, _, rest = stamp.partition(".")
     i = 0
-    while i < len(rest) and rest[i].isdigit():
+    while i < len(rest) and "0" <= rest[i] <= "9":
         i += 1
     return head + rest[i:]
 
@@ -62,7 +63,7 @@ def _nanos(stamp: str) -> int:
     rest = stamp.partition(".")[2]
     digits = ""
     for ch in rest:
-        if not ch.isdigit():
+        if not "0" <= ch <= "9":
             break
         digits += ch
     return int(digits[:9].ljust(9, "0")) if digits else 0
@@ -123,15 +124,17 @@ def seq_page(
         return f"{path}?{urlencode({kind: encode_cursor(str(seq), ts_of(seq))})}"
 
     links: dict[str, str] = {}
-    if prev is not None and prev[0].isdigit() and nxt is None:
-        up = newer(int(prev[0]) + 1, PAGE_SIZE + 1)
+    prev_seq = parse_uint(prev[0]) if prev is not None else None
+    next_seq = parse_uint(nxt[0]) if nxt is not None else None
+    if prev_seq is not None and nxt is None:
+        up = newer(prev_seq + 1, PAGE_SIZE + 1)
         page = list(reversed(up[:PAGE_SIZE]))
         if page and len(up) > PAGE_SIZE:
             links["previous"] = link("previous", page[0])
         if page:
             links["next"] = link("next", page[-1])
         return page, links
-    start = int(nxt[0]) - 1 if nxt is not None and nxt[0].isdigit() else last_seq
+    start = next_seq - 1 if next_seq is not None else last_seq
     down = older(start, PAGE_SIZE + 1)
     page = down[:PAGE_SIZE]
     if page and len(down) > PAGE_SIZE:

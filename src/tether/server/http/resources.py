@@ -160,14 +160,15 @@ def routes(api: Api) -> list[Route]:
         form = await _update_form(request, k.changed_ns if k else None)
         if isinstance(form, Response):
             return form
+        if not valid_id(kid):
+            return text(400, INVALID_ID)
         callback = form.get("callbackUrl", "")
         parts = urlsplit(callback)
-        if not callback or not parts.scheme or not parts.netloc or not valid_id(kid):
-            return text(
-                400,
-                "Bad Request: callbackUrl must be an absolute URL" if valid_id(kid) else INVALID_ID,
-            )
         kind = form.get("type", "") or "push"
+        # A pull consumer is never called back: its callbackUrl may be left out (webhook-
+        # broker requires one for every consumer); one that is given must still be a URL.
+        if (callback or kind != "pull") and (not parts.scheme or not parts.netloc):
+            return text(400, "Bad Request: callbackUrl must be an absolute URL")
         if kind not in ("push", "pull"):
             return text(400, f"invalid consumerType: {kind}")
         if kind == "push" and parts.scheme not in ("http", "https"):
