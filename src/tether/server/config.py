@@ -81,6 +81,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     http_gateway_exempt: list[str] = msgspec.field(
         default_factory=lambda: ["/_status", "/metrics", "/debug/pprof/", "/healthz"]
     )
+    # What one HTTP client may cost (server/http/limits.py; nginx-like defaults).
+    http_max_header_bytes: int = 32 * 1024  # request line + headers → 431 past it
+    http_max_headers: int = 100  # header lines → 431 past it
+    http_header_timeout: float = 60.0  # seconds for the whole request head → 408
+    http_body_timeout: float = 60.0  # seconds between two reads of a body → 408
+    http_idle_timeout: float = 75.0  # seconds a kept-alive connection may sit idle
+    http_max_connections: int = 1024  # connections at once; requests past it get 503
 
     @property
     def auth_required(self) -> bool:
