@@ -28,14 +28,17 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 __all__ = [
+    "HOST",
     "PeerStartError",
     "ServerProcess",
     "find_nats_server",
+    "machine_busy_seconds",
     "nats_server_version",
+    "process_cpu_seconds",
     "start_nats_server",
-    "start_peer",
     "start_tether",
     "tether_version",
+    "wait_idle",
     "wait_until",
 ]
 
@@ -164,6 +167,21 @@ class ServerProcess:
             self._reader = None
 
 
+def _stat(path: str) -> tuple[int, float]:
+    """(parent pid, user+system CPU seconds) from ``/proc/<path>/stat``."""
+    with open(f"/proc/{path}/stat", "rb") as f:
+        raw = f.read()
+    # The command name may contain spaces/parens: fields start after the last ')'.
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def process_cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User+system CPU used so far by process ``pid`` alone (children not counted), or
+    by one of its threads."""
+    return _stat(f"{pid}" if thread is None else f"{pid}/task/{thread}")[1]
+
+
 def _tree_cpu_seconds(root: int) -> float:
     """CPU seconds of ``root`` and every live descendant, from /proc/<pid>/stat."""
     stats: dict[int, tuple[int, float]] = {}  # pid -> (ppid, cpu seconds)
@@ -173,15 +191,9 @@ def _tree_cpu_seconds(root: int) -> float:
         return 0.0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read()
+            stats[pid] = _stat(f"{pid}")
         except OSError:
             continue
-        # The command name may contain spaces/parens: fields start after the last ')'.
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        ppid = int(fields[1])
-        utime, stime = int(fields[11]), int(fields[12])
-        stats[pid] = (ppid, (utime + stime) / _CLK_TCK)
     total = 0.0
     todo = [root]
     seen: set[int] = set()
@@ -193,6 +205,16 @@ def _tree_cpu_seconds(root: int) -> float:
         total += stats[pid][1]
         todo.extend(p for p, (ppid, _) in stats.items() if ppid == pid)
     return total
+
+
+@contextmanager
+def _running(server: ServerProcess) -> Iterator[ServerProcess]:
+    """Start ``server``; on exit stop it and remove its working directory."""
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+        shutil.rmtree(server.workdir, ignore_errors=True)
 
 
 # -- Tether ---------------------------------------------------------------------------------
@@ -255,11 +277,8 @@ def start_tether(
         startup_timeout=startup_timeout,
         stop_signal=signal.SIGINT if wrapper else signal.SIGTERM,
     )
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with _running(server) as srv:
+        yield srv
 
 
 def _absolute(program: str) -> str:
@@ -305,11 +324,21 @@ def start_nats_server(
     *,
     jetstream: bool = False,
     args: Sequence[str] = (),
+    config: str = "",
     binary: str | None = None,
     startup_timeout: float = 30.0,
 ) -> Iterator[ServerProcess]:
-    """Run nats-server on a free port with its store directory in a temporary directory."""
+    """Run nats-server on a free port with its store directory in a temporary directory.
+
+    ``config`` is the text of a configuration file (``-c``), e.g. ``jetstream {
+    sync_interval: "always" }``, which also enables JetStream. It must not name
+    ``store_dir``: the ``-sd`` given here already does, and nats-server refuses both.
+    """
     workdir = tempfile.mkdtemp(prefix="nats-server-bench-")
+    if config:
+        conf = Path(workdir) / "server.conf"
+        conf.write_text(config)
+        args = ["-c", str(conf), *args]
     command = [
         binary or find_nats_server(),
         "-a",
@@ -322,24 +351,8 @@ def start_nats_server(
         *args,
     ]
     server = ServerProcess("nats-server", command, workdir=workdir, startup_timeout=startup_timeout)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-@contextmanager
-def start_peer(name: str, **kwargs: object) -> Iterator[ServerProcess]:
-    """``start_tether`` or ``start_nats_server`` by name ("tether" / "nats-server")."""
-    if name == "tether":
-        with start_tether(**kwargs) as server:  # type: ignore[arg-type]
-            yield server
-    elif name == "nats-server":
-        with start_nats_server(**kwargs) as server:  # type: ignore[arg-type]
-            yield server
-    else:
-        raise ValueError(f"unknown peer {name!r}")
+    with _running(server) as srv:
+        yield srv
 
 
 # -- machine load ---------------------------------------------------------------------

@@ -21,19 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
-import json
 import multiprocessing as mp
 import os
-import platform
 import random
-import shlex
-import socket
-import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
@@ -42,15 +34,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _peers import (  # after the sys.path tweak above
-    PeerStartError,
+from _harness import (  # after the sys.path tweak above
+    BenchError,
+    Cli,
+    FrameReader,
+    Meter,
     ServerProcess,
-    machine_busy_seconds,
-    nats_server_version,
-    start_nats_server,
-    start_tether,
-    tether_version,
-    wait_idle,
+    connect_frame,
+    describe,
+    environment,
+    finish,
+    print_table,
+    raw_connect,
+    run_async,
+    run_matrix,
+    settle,
+    show_run,
+    summarize,
 )
 
 SUBJECT = b"bench.core"
@@ -58,30 +58,25 @@ SID = b"1"
 SERVERS = ("tether", "nats-server")
 LOADS = ("raw", "nats-py")
 TARGETS = {"raw": (0.3, 0.5), "nats-py": (0.9, 0.9)}  # (target, stretch) Tether/nats-server
-CONNECT = (
-    b'CONNECT {"verbose":false,"pedantic":false,"headers":false,"echo":true,'
-    b'"protocol":1,"lang":"raw","version":"0","name":"core_pubsub"}\r\n'
-)
-
-
-class BenchError(RuntimeError):
-    """A side stalled, the server closed a connection, or a count came up short."""
+CONNECT = connect_frame("core_pubsub", headers=False)
 
 
 # -- MSG counting (raw subscriber) -----------------------------------------------------------
 
 
-class MsgCounter:
+class MsgCounter(FrameReader):
     """Counts MSG/HMSG frames in a byte stream fed in arbitrary pieces.
 
     ``frames`` is the cycle of frames the publisher's messages turn into (one per
     subject, all the same length). The fast path compares whole runs of the expected
     cycle against a pre-built template (one memcmp for up to ``run`` frames); anything
-    else (another size, a PING, a frame split across reads) goes through a general
-    one-frame parser, so the count is exact for any framing and any split.
+    else (another size, a PING, a frame split across reads) goes through the general
+    one-frame parser, so the count is exact for any framing and any split. Server
+    PINGs are counted in ``pings``; the caller answers each with PONG.
     """
 
     def __init__(self, frames: list[bytes], run: int = 4096) -> None:
+        super().__init__(self._on_msg)
         self.frame_len = len(frames[0])
         if any(len(f) != self.frame_len for f in frames):
             raise ValueError("cycle frames must have one length")
@@ -94,19 +89,10 @@ class MsgCounter:
         self.templates = [(joined[c:] + joined[:c]) * reps for c in cut]
         self.heads = {f[: f.index(b"\r\n")]: i for i, f in enumerate(frames)}
         self.phase = 0
-        self.buf = bytearray()
         self.count = 0
-        self.pings = 0  # server PINGs seen; the caller answers each with PONG
-        self.pongs = 0
 
-    def feed(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos = self._scan(buf)
-        del buf[:pos]
-
-    def _scan(self, buf: bytearray) -> int:
-        pos, end = 0, len(buf)
+    def scan(self, buf: bytearray, end: int) -> int:
+        pos = 0
         flen, run, cycle = self.frame_len, self.run, self.cycle
         with memoryview(buf) as mv:
             while pos < end:
@@ -119,40 +105,18 @@ class MsgCounter:
                     self.phase = (self.phase + k) % cycle
                     pos += k * flen
                     continue
-                step = self._one(buf, pos, end)
+                step = self.frame(buf, pos, end)
                 if step == 0:
                     break  # incomplete frame: wait for more bytes
                 pos += step
         return pos
 
-    def _one(self, buf: bytearray, pos: int, end: int) -> int:
-        """Parse one frame of any kind at ``pos``; its length, or 0 if incomplete."""
-        eol = buf.find(b"\r\n", pos, end)
-        if eol < 0:
-            if end - pos > 4096:
-                raise BenchError(f"control line too long: {bytes(buf[pos : pos + 80])!r}")
-            return 0
-        line = bytes(buf[pos:eol])
-        op = line.split(b" ", 1)[0].upper()
-        if op in (b"MSG", b"HMSG"):
-            size = int(line.rsplit(b" ", 1)[1])
-            total = eol + 2 + size + 2 - pos
-            if pos + total > end:
-                return 0
-            self.count += 1
-            index = self.heads.get(line)
-            if index is not None:  # resynchronise with the cycle
-                self.phase = (index + 1) % self.cycle
-            return total
-        if op == b"PING":
-            self.pings += 1
-        elif op == b"PONG":
-            self.pongs += 1
-        elif op == b"-ERR":
-            raise BenchError(f"server error: {line.decode(errors='replace')}")
-        elif op not in (b"+OK", b"INFO"):
-            raise BenchError(f"unexpected frame: {line[:80]!r}")
-        return eol + 2 - pos
+    def _on_msg(self, buf: bytearray, line: int, eol: int, *_: int) -> None:
+        """A frame off the fast path: count it, resynchronise with the cycle."""
+        self.count += 1
+        index = self.heads.get(bytes(buf[line:eol]))
+        if index is not None:
+            self.phase = (index + 1) % self.cycle
 
 
 def subjects(count: int) -> list[bytes]:
@@ -212,15 +176,10 @@ def self_test(seed: int = 1) -> None:
 class RawClient:
     """A blocking NATS connection speaking the text protocol directly."""
 
-    def __init__(self, host: str, port: int, stall_timeout: float) -> None:
-        self.sock = socket.create_connection((host, port), timeout=stall_timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, port: int, stall_timeout: float) -> None:
+        self.sock, rest = raw_connect(port, CONNECT, stall_timeout)
         self.stall_timeout = stall_timeout
-        self.buf = bytearray()
-        line = self.read_line()
-        if not line.startswith(b"INFO "):
-            raise BenchError(f"expected INFO, got {line[:80]!r}")
-        self.sock.sendall(CONNECT)
+        self.buf = bytearray(rest)
 
     def recv(self) -> bytes:
         try:
@@ -279,7 +238,7 @@ def raw_subscriber(
 ) -> None:
     side = Side()
     try:
-        client = RawClient("127.0.0.1", port, opts["stall_timeout"])
+        client = RawClient(port, opts["stall_timeout"])
         client.sock.sendall(b"SUB %s %s\r\n" % (sub_filter(opts["subjects"]), SID))
         client.sync()  # the SUB is registered once the PONG is back
         counter = MsgCounter(msg_frames(opts["subjects"], SID, b"x" * size))
@@ -316,7 +275,7 @@ def raw_publisher(
 ) -> None:
     side = Side()
     try:
-        client = RawClient("127.0.0.1", port, opts["stall_timeout"])
+        client = RawClient(port, opts["stall_timeout"])
         client.sync()
         payload = b"x" * size
         cycle = [
@@ -369,15 +328,6 @@ def raw_publisher(
 # -- nats-py clients ------------------------------------------------------------------------
 
 
-def _run_async(coro_fn: Callable[[], Any], loop_kind: str) -> None:
-    if loop_kind == "uvloop":
-        import uvloop
-
-        uvloop.run(coro_fn())
-    else:
-        asyncio.run(coro_fn())
-
-
 def natspy_subscriber(
     port: int, n: int, size: int, received: Synchronized, conn: Connection, opts: dict[str, Any]
 ) -> None:
@@ -427,7 +377,7 @@ def natspy_subscriber(
         await nc.close()
 
     try:
-        _run_async(main, opts["client_loop"])
+        run_async(main(), opts["client_loop"])
     except Exception as exc:  # report any client failure to the parent
         side.ok, side.error = False, f"subscriber: {exc!r}"
     _report(conn, side)
@@ -470,7 +420,7 @@ def natspy_publisher(
         await nc.close()
 
     try:
-        _run_async(main, opts["client_loop"])
+        run_async(main(), opts["client_loop"])
     except Exception as exc:  # report any client failure to the parent
         side.ok, side.error = False, f"publisher: {exc!r}"
     _report(conn, side)
@@ -530,21 +480,18 @@ def measure(load: str, server: ServerProcess, name: str, n: int, opts: dict[str,
     args = (server.port, n, opts["size"], received)
     sub = ctx.Process(target=sub_fn, args=(*args, sub_child, opts), daemon=True)
     pub = ctx.Process(target=pub_fn, args=(*args, pub_child, opts), daemon=True)
-    if opts["wait_idle"] > 0:
-        result.idle_wait = wait_idle(opts["wait_idle"])
+    result.idle_wait = settle(opts["wait_idle"])
     try:
         sub.start()
         _expect_ready(sub_parent, "subscriber", opts["stall_timeout"] + 30)
         pub.start()
         _expect_ready(pub_parent, "publisher", opts["stall_timeout"] + 30)
-        cpu0 = server.cpu_seconds()
-        busy0 = machine_busy_seconds()
+        meter = Meter(server)
         pub_parent.send("go")
         limit = opts["timeout"] + 10
         pside = Side(**_recv(pub_parent, "publisher", limit))
         sside = Side(**_recv(sub_parent, "subscriber", limit))
-        server_cpu = server.cpu_seconds() - cpu0
-        busy = machine_busy_seconds() - busy0
+        server_cpu = meter.stop().server
         if not pside.ok or not sside.ok:
             raise BenchError("; ".join(e for e in (pside.error, sside.error) if e))
         wall = sside.t_last - pside.t_first
@@ -558,10 +505,7 @@ def measure(load: str, server: ServerProcess, name: str, n: int, opts: dict[str,
             "server": server_cpu / wall,
         }
         result.server_us_per_msg = server_cpu / max(1, sside.count) * 1e6
-        # CPU the machine spent on anything else meanwhile (other jobs, the kernel's
-        # softirq work not charged to our processes, this driver): noise indicator.
-        own = pside.cpu + sside.cpu + server_cpu
-        result.cpu["other"] = max(0.0, busy - own) / wall
+        result.cpu["other"] = meter.other(pside.cpu + sside.cpu) / wall  # noise indicator
         result.bound = _bound(name, result.cpu)
     except BenchError as exc:
         result.error = str(exc)
@@ -593,141 +537,36 @@ def _bound(server: str, cpu: dict[str, float]) -> str:
 # -- driver ----------------------------------------------------------------------------------
 
 
-@contextmanager
-def _server(name: str, opts: dict[str, Any]) -> Iterator[ServerProcess]:
-    if name == "tether":
-        with start_tether(
-            wrapper=shlex.split(opts["tether_wrapper"]),
-            python_args=shlex.split(opts["tether_python_args"]),
-        ) as srv:
-            yield srv
-    else:
-        with start_nats_server() as srv:
-            yield srv
-
-
-def run(opts: dict[str, Any]) -> list[Result]:
-    results: list[Result] = []
-    counts = {"raw": opts["messages"], "nats-py": opts["natspy_messages"]}
-    for rep in range(opts["repeat"]):
-        for load in opts["loads"]:
-            servers = list(opts["servers"])
-            if rep % 2:
-                servers.reverse()  # alternate the order so neither side always goes first
-            for name in servers:
-                try:
-                    with _server(name, opts) as srv:
-                        res = measure(load, srv, name, counts[load], opts)
-                except PeerStartError as exc:
-                    res = Result(load, name, counts[load], opts["size"], error=str(exc))
-                results.append(res)
-                _print_run(res, rep)
-    return results
+def run(args: argparse.Namespace) -> list[Result]:
+    opts = vars(args)
+    counts = {"raw": args.messages, "nats-py": args.nats_py_messages}
+    return run_matrix(
+        args,
+        args.loads,
+        lambda load, name, srv: measure(load, srv, name, counts[load], opts),
+        lambda load, name, error: Result(load, name, counts[load], args.size, error=error),
+        _print_run,
+    )
 
 
 def _print_run(r: Result, rep: int) -> None:
-    if r.error:
-        print(f"  [{rep + 1}] {r.load:8} {r.server:12} ERROR: {r.error}", flush=True)
-        return
-    cpu = " ".join(f"{k[:3]}={v:.0%}" for k, v in r.cpu.items())
-    if r.idle_wait is None:
-        cpu += " NOISY: machine busy before start"
-    print(
-        f"  [{rep + 1}] {r.load:8} {r.server:12} {r.rate:>12,.0f} msg/s"
-        f"  (publish {r.publish_rate:,.0f} msg/s, {r.seconds:.2f}s, "
-        f"server {r.server_us_per_msg:.2f} us/msg, cpu {cpu}; bound: {r.bound})",
-        flush=True,
-    )
-
-
-def summarize(results: list[Result], opts: dict[str, Any]) -> dict[str, Any]:
-    summary: dict[str, Any] = {}
-    for load in opts["loads"]:
-        row: dict[str, Any] = {}
-        for name in opts["servers"]:
-            ok = [r for r in results if r.load == load and r.server == name and not r.error]
-            rates = [r.rate for r in ok]
-            cost = [r.server_us_per_msg for r in ok]
-            row[name] = {
-                "server_us_per_msg": statistics.median(cost) if cost else None,
-                "median": statistics.median(rates) if rates else None,
-                "best": max(rates) if rates else None,
-                "runs": [round(x) for x in rates],
-            }
-        for stat in ("median", "best"):
-            t = row.get("tether", {}).get(stat)
-            ns = row.get("nats-server", {}).get(stat)
-            row["ratio" if stat == "median" else "ratio_best"] = (t / ns) if t and ns else None
-        row["target"], row["stretch"] = TARGETS[load]
-        summary[load] = row
-    return summary
-
-
-def print_table(summary: dict[str, Any], opts: dict[str, Any]) -> None:
-    """Medians over the repeats, then the best run of each (less disturbed by other load)."""
-    counts = {"raw": opts["messages"], "nats-py": opts["natspy_messages"]}
-
-    def fmt(v: float | None) -> str:
-        return f"{v:,.0f}" if v else "-"
-
-    def fmt_ratio(v: float | None) -> str:
-        return "-" if v is None else f"{v:.3f}x"
-
-    print()
-    print(
-        f"{'load':8} {'messages':>10} {'stat':>6} {'tether msg/s':>14} "
-        f"{'nats-server msg/s':>18} {'ratio':>7}  target"
-    )
-    for load, row in summary.items():
-        target, stretch = row["target"], row["stretch"]
-        for stat, key in (("median", "ratio"), ("best", "ratio_best")):
-            ratio = row[key]
-            verdict = "-" if ratio is None else ("met" if ratio >= target else "MISSED")
-            if ratio is not None and stretch > target and ratio >= stretch:
-                verdict = "met (stretch)"
-            print(
-                f"{load:8} {counts[load]:>10,} {stat:>6} "
-                f"{fmt(row.get('tether', {}).get(stat)):>14} "
-                f"{fmt(row.get('nats-server', {}).get(stat)):>18} "
-                f"{fmt_ratio(ratio):>7}  >={target}x {verdict}"
-            )
-
-
-def environment() -> dict[str, Any]:
-    cpu_model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        import uvloop
-
-        uvloop_version = uvloop.__version__
-    except ImportError:
-        uvloop_version = None
-    try:
-        natspy = importlib.metadata.version("nats-py")
-    except importlib.metadata.PackageNotFoundError:
-        natspy = None
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu_model or platform.processor(),
-        "python": platform.python_version(),
-        "uvloop": uvloop_version,
-        "nats_py": natspy,
-        "tether": tether_version(),
-        "nats_server": nats_server_version(),
-    }
+    details = f"publish {r.publish_rate:,.0f} msg/s, {r.seconds:.2f}s"
+    show_run(r, rep, details, f"; bound: {r.bound}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    cli = Cli(
+        __doc__,
+        servers=SERVERS,
+        quick={"messages": 100_000, "nats_py_messages": 20_000},
+        quick_help="100k raw, 20k nats-py",
+        self_test=("check the MSG counter and exit", self_test, "MsgCounter self-test passed"),
+        stall="--stall-timeout",
+        stall_help="raw: max wait for any socket read",
+    )
+    p = cli.parser
     p.add_argument("--messages", type=int, default=1_000_000, help="raw load (default 1M)")
     p.add_argument("--nats-py-messages", type=int, default=100_000, help="nats-py load")
-    p.add_argument("--quick", action="store_true", help="100k raw, 20k nats-py")
     p.add_argument("--size", type=int, default=128, help="payload bytes (default 128)")
     p.add_argument(
         "--subjects",
@@ -736,8 +575,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="publish round-robin over N subjects (subscriber uses a wildcard); default 1",
     )
     p.add_argument("--load", choices=[*LOADS, "all"], default="all")
-    p.add_argument("--server", choices=[*SERVERS, "all"], default="all")
-    p.add_argument("--repeat", type=int, default=1, help="runs per load and server")
     p.add_argument("--batch", type=int, default=1000, help="raw: PUB frames per sendall")
     p.add_argument("--sync-every", type=int, default=10_000, help="raw: PING/PONG every N")
     p.add_argument(
@@ -746,87 +583,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=100_000,
         help="max messages the publisher may be ahead of the subscriber",
     )
-    p.add_argument("--timeout", type=float, default=120.0, help="deadline per measurement (s)")
-    p.add_argument(
-        "--stall-timeout", type=float, default=20.0, help="raw: max wait for any socket read"
-    )
-    p.add_argument(
-        "--client-loop",
-        choices=["asyncio", "uvloop"],
-        default="asyncio",
-        help="nats-py clients' event loop",
-    )
-    p.add_argument(
-        "--tether-wrapper",
-        default="",
-        help="prefix for Tether's command, e.g. 'py-spy record -o /tmp/t.txt -f raw --'",
-    )
-    p.add_argument(
-        "--tether-python-args",
-        default="",
-        help="interpreter args for Tether, e.g. '-m cProfile -o /tmp/t.prof'",
-    )
-    p.add_argument(
-        "--wait-idle",
-        type=float,
-        default=30.0,
-        help="before each measurement wait up to N s for other CPU load to stop (0: don't)",
-    )
-    p.add_argument("--self-test", action="store_true", help="check the MSG counter and exit")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.messages, args.nats_py_messages = 100_000, 20_000
+    args = cli.parse(argv)
+    args.loads = LOADS if args.load == "all" else (args.load,)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.self_test:
-        self_test()
-        print("MsgCounter self-test passed")
-        return 0
-    opts: dict[str, Any] = {
-        "messages": args.messages,
-        "natspy_messages": args.nats_py_messages,
-        "size": args.size,
-        "subjects": args.subjects,
-        "loads": LOADS if args.load == "all" else (args.load,),
-        "servers": SERVERS if args.server == "all" else (args.server,),
-        "repeat": args.repeat,
-        "batch": args.batch,
-        "sync_every": args.sync_every,
-        "window": args.window,
-        "timeout": args.timeout,
-        "stall_timeout": args.stall_timeout,
-        "client_loop": args.client_loop,
-        "wait_idle": args.wait_idle,
-        "tether_wrapper": args.tether_wrapper,
-        "tether_python_args": args.tether_python_args,
-    }
-    env = environment()
-    print(
-        f"core pub/sub: {env['nproc']} CPU ({env['cpu']}), Python {env['python']}, "
-        f"uvloop {env['uvloop']}, nats-py {env['nats_py']}, "
-        f"tether {env['tether']}, nats-server {env['nats_server']}"
-    )
+    env = environment(uvloop=True)
+    print(f"core pub/sub: {describe(env)}")
     print(
         f"payload {args.size} B, {args.subjects} subject(s); "
         f"raw {args.messages:,} msgs, nats-py {args.nats_py_messages:,}"
     )
-    results = run(opts)
-    summary = summarize(results, opts)
-    print_table(summary, opts)
-    failed = [r for r in results if r.error]
-    out = {
-        "benchmark": "core_pubsub",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv[1:] if argv is None else argv,
-        "environment": env,
-        "summary": summary,
-        "runs": [asdict(r) for r in results],
-    }
-    print(json.dumps(out, separators=(",", ":")))
-    return 1 if failed else 0
+    results = run(args)
+    summary = summarize(results, args.loads, args.servers, TARGETS)
+    print_table(summary, {"raw": args.messages, "nats-py": args.nats_py_messages})
+    return finish("core_pubsub", argv, results, environment=env, summary=summary)
 
 
 if __name__ == "__main__":

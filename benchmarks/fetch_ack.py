@@ -22,7 +22,7 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _peers import (  # after the sys.path tweak above
+from _harness import (  # after the sys.path tweak above
     ServerProcess,
     nats_server_version,
     start_nats_server,

@@ -41,6 +41,9 @@ import httpx
 import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import process_cpu_seconds  # after the sys.path tweaks above
 
 from tether.testing import run_server
 
@@ -57,6 +60,14 @@ AUTH_CONSUMER = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "kt"
 
 
 # -- client processes ---------------------------------------------------------------------------
+
+
+def _content_length(head: bytes) -> int:
+    """The Content-Length of an HTTP message head (0 without one)."""
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            return int(line[15:])
+    return 0
 
 
 class RawHttp:
@@ -85,10 +96,7 @@ class RawHttp:
         self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
+        length = _content_length(head)
         data = await self.reader.readexactly(length) if length else b""
         return status, data
 
@@ -153,11 +161,7 @@ def _receiver(port_out: Synchronized, received: Synchronized) -> None:  # type: 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line[:15].lower() == b"content-length:":
-                        length = int(line[15:])
+                length = _content_length(await reader.readuntil(b"\r\n\r\n"))
                 if length:
                     await reader.readexactly(length)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
@@ -264,15 +268,9 @@ def bench_push(url: str, nats_url: str, count: int) -> float:
         receiver.kill()
 
 
-def _cpu_seconds(pid: int, path: str = "") -> float:
-    """User + system CPU time of process ``pid`` (or of one of its tasks) so far (/proc)."""
-    fields = Path(f"/proc/{path or pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _main_thread_cpu_seconds(pid: int) -> float:
     """The CPU time of ``pid``'s main thread (the event loop), without the store's threads."""
-    return _cpu_seconds(pid, f"{pid}/task/{pid}")
+    return process_cpu_seconds(pid, thread=pid)
 
 
 def _py_spy(pid: int, out: str) -> subprocess.Popen[bytes]:
@@ -337,9 +335,9 @@ def main() -> None:
             # The CPU window includes the load's setup (the backlog published over NATS
             # for claim and push): per-operation figures are upper bounds.
             spy = _py_spy(pid, args.profile) if args.profile else None
-            before, loop_before = _cpu_seconds(pid), _main_thread_cpu_seconds(pid)
+            before, loop_before = process_cpu_seconds(pid), _main_thread_cpu_seconds(pid)
             results[name] = runs[name]()
-            cpu_us[name] = (_cpu_seconds(pid) - before) / counts[name] * 1e6
+            cpu_us[name] = (process_cpu_seconds(pid) - before) / counts[name] * 1e6
             loop_us[name] = (_main_thread_cpu_seconds(pid) - loop_before) / counts[name] * 1e6
             if spy is not None:
                 spy.send_signal(2)  # SIGINT: py-spy writes its output and exits

@@ -42,38 +42,35 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
-import json
-import os
-import platform
-import selectors
-import shlex
-import shutil
-import socket
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _peers import (  # after the sys.path tweak above
+from _harness import (  # after the sys.path tweak above
+    BenchError,
+    Cli,
+    FrameReader,
+    Meter,
     PeerStartError,
+    RawConn,
     ServerProcess,
-    machine_busy_seconds,
-    nats_server_version,
-    start_nats_server,
-    start_tether,
-    tether_version,
-    wait_idle,
+    alternating,
+    connect_frame,
+    describe,
+    environment,
+    finish,
+    loadavg,
+    rate_stats,
+    run_async,
+    settle,
+    start_server,
 )
 
-HOST = "127.0.0.1"
 STREAM = "ORDERS"
 SUBJECT = "orders.x"
 SERVERS = ("tether", "nats-server", "nats-server-sync")
@@ -84,76 +81,10 @@ TARGETS = {
     ("raw", "nats-server-sync"): 20.0,
     ("nats-py", "nats-server"): 0.9,
 }
-CONNECT = (
-    b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,'
-    b'"echo":true,"protocol":1,"lang":"raw","version":"0","name":"js_publish"}\r\n'
-)
-
-
-class BenchError(RuntimeError):
-    """A stall, a closed connection, a server error or a short count."""
+CONNECT = connect_frame("js_publish")
 
 
 # -- frame parsing -----------------------------------------------------------------------------
-
-
-class FrameReader:
-    """Parses server->client frames fed in arbitrary pieces (frames may split anywhere).
-
-    ``on_msg(buf, hdr_start, hdr_len, payload_start, payload_len)`` is called for every
-    MSG (``hdr_len`` -1) and HMSG frame with offsets into ``buf`` (valid only during the
-    call). PINGs are counted in ``pings`` (the caller answers them), ``-ERR`` raises.
-    """
-
-    def __init__(self, on_msg: Any) -> None:
-        self.buf = bytearray()
-        self.on_msg = on_msg
-        self.pings = 0
-        self.pongs = 0
-
-    def feed(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos, end = 0, len(buf)
-        find, startswith, rfind = buf.find, buf.startswith, buf.rfind
-        on_msg = self.on_msg
-        while pos < end:
-            eol = find(b"\r\n", pos)
-            if eol < 0:
-                if end - pos > 4096:
-                    raise BenchError(f"control line too long: {bytes(buf[pos : pos + 80])!r}")
-                break
-            if startswith(b"MSG ", pos):
-                sp = rfind(b" ", pos, eol)
-                size = int(buf[sp + 1 : eol])
-                stop = eol + 4 + size
-                if stop > end:
-                    break
-                on_msg(buf, 0, -1, eol + 2, size)
-                pos = stop
-            elif startswith(b"HMSG ", pos):
-                sp2 = rfind(b" ", pos, eol)
-                sp1 = rfind(b" ", pos, sp2)
-                hlen = int(buf[sp1 + 1 : sp2])
-                total = int(buf[sp2 + 1 : eol])
-                stop = eol + 4 + total
-                if stop > end:
-                    break
-                on_msg(buf, eol + 2, hlen, eol + 2 + hlen, total - hlen)
-                pos = stop
-            else:
-                line = bytes(buf[pos:eol])
-                op = line.split(b" ", 1)[0].upper()
-                if op == b"PING":
-                    self.pings += 1
-                elif op == b"PONG":
-                    self.pongs += 1
-                elif op == b"-ERR":
-                    raise BenchError(f"server error: {line.decode(errors='replace')}")
-                elif op not in (b"+OK", b"INFO"):
-                    raise BenchError(f"unexpected frame: {line[:80]!r}")
-                pos = eol + 2
-        del buf[:pos]
 
 
 class AckCounter:
@@ -163,15 +94,14 @@ class AckCounter:
         self.acks = 0
         self.errors = 0
         self.first_error = ""
-        self.reader = FrameReader(self._on_msg)
 
-    def _on_msg(self, buf: bytearray, hs: int, hlen: int, ps: int, plen: int) -> None:
+    def on_msg(self, buf: bytearray, line: int, eol: int, hlen: int, ps: int, plen: int) -> None:
         if hlen < 0 and buf.startswith(b'{"stream"', ps):
             self.acks += 1
             return
         self.errors += 1
         if not self.first_error:
-            what = buf[hs : hs + hlen] if hlen >= 0 else buf[ps : ps + plen]
+            what = buf[eol + 2 : eol + 2 + hlen] if hlen >= 0 else buf[ps : ps + plen]
             self.first_error = bytes(what[:200]).decode(errors="replace")
 
 
@@ -192,44 +122,28 @@ def self_test() -> None:
     stream = b"".join(frames)
     for step in (1, 2, 3, 7, 64, 1000, 65536):
         counter = AckCounter()
+        reader = FrameReader(counter.on_msg)
         for pos in range(0, len(stream), step):
-            counter.reader.feed(stream[pos : pos + step])
+            reader.feed(stream[pos : pos + step])
         assert counter.acks == 2999, (step, counter.acks)
         assert counter.errors == 29 + 6, (step, counter.errors)
-        assert counter.reader.pings == 30, (step, counter.reader.pings)
-        assert not counter.reader.buf
+        assert reader.pings == 30, (step, reader.pings)
+        assert not reader.buf
 
 
 # -- raw socket ------------------------------------------------------------------------------
 
 
-def raw_connect(port: int, subscribe: bytes, stall: float) -> tuple[socket.socket, bytes]:
-    """Connect, CONNECT, SUB and wait for the PONG; returns the socket and unread bytes."""
-    sock = socket.create_connection((HOST, port), timeout=stall)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    deadline = time.monotonic() + stall  # each recv is bounded by the socket timeout too
-    buf = b""
-    while b"\r\n" not in buf:
-        if time.monotonic() > deadline:
-            raise BenchError(f"no INFO within {stall:.0f}s")
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise BenchError("server closed the connection before INFO")
-        buf += chunk
-    if not buf.startswith(b"INFO "):
-        raise BenchError(f"expected INFO, got {buf[:80]!r}")
-    buf = buf[buf.index(b"\r\n") + 2 :]
-    sock.sendall(CONNECT + b"SUB " + subscribe + b" 1\r\nPING\r\n")
-    while b"PONG\r\n" not in buf:
-        if time.monotonic() > deadline:
-            raise BenchError(f"no PONG within {stall:.0f}s")
-        if b"-ERR" in buf:
-            raise BenchError(f"server error: {buf[:200]!r}")
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise BenchError("server closed the connection")
-        buf += chunk
-    return sock, buf[buf.index(b"PONG\r\n") + 6 :]
+def subscribed(port: int, subject: bytes, on_msg: Any, stall: float) -> RawConn:
+    """A raw connection with a SUB on ``subject`` that the server has registered."""
+    conn = RawConn(port, on_msg, stall, CONNECT)
+    try:
+        conn.send(b"SUB " + subject + b" 1\r\n")
+        conn.ping(time.monotonic() + stall)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 @dataclass
@@ -266,32 +180,21 @@ def raw_publish(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
             for i in range(first, first + k)
         )
         batches.append((data, k))
-    sock, rest = raw_connect(port, b"_INBOX.bench.*", stall)
     counter = AckCounter()
-    reader = counter.reader
-    reader.feed(rest)
-    sock.setblocking(False)
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ)
-    mask = selectors.EVENT_READ
-    out: memoryview | None = None
+    conn = subscribed(port, b"_INBOX.bench.*", counter.on_msg, stall)
     next_batch = sent = 0
-    pongs_owed = 0
     t0 = time.monotonic()
     cpu0 = time.process_time()
     send_until = t0 + cap
     hard_deadline = t0 + cap + opts["drain"]
-    last_data = t_last = t0
+    t_last = t0
     try:
         while True:
             received = counter.acks + counter.errors
             now = time.monotonic()
             if now > send_until and not res.capped and next_batch < len(batches):
                 res.capped = True  # finish the batch on the wire, start no other
-            if out is None:
-                if pongs_owed:
-                    sock.sendall(b"PONG\r\n" * pongs_owed)  # tiny: fits the socket buffer
-                    pongs_owed = 0
+            if not conn.out:
                 if (
                     not res.capped
                     and next_batch < len(batches)
@@ -300,43 +203,17 @@ def raw_publish(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
                     data, k = batches[next_batch]
                     next_batch += 1
                     sent += k
-                    out = memoryview(data)
-            if out is not None:
-                try:
-                    written = sock.send(out)
-                except BlockingIOError:
-                    written = 0
-                out = out[written:] if written < len(out) else None
-            elif received >= sent and (res.capped or next_batch >= len(batches)):
-                break
+                    conn.send(data)
+                elif received >= sent and (res.capped or next_batch >= len(batches)):
+                    break
             if now > hard_deadline:
                 raise BenchError(f"deadline: {received:,} PubAcks of {sent:,} sent")
-            if now - last_data > stall and received < sent:
-                raise BenchError(f"no PubAck for {stall:.0f}s: {received:,} of {sent:,} sent")
-            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if out is not None else 0)
-            if want != mask:
-                sel.modify(sock, want)
-                mask = want
-            for _key, events in sel.select(timeout=0.2):
-                if events & selectors.EVENT_READ:
-                    try:
-                        chunk = sock.recv(1 << 20)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
-                        raise BenchError("server closed the connection")
-                    last_data = time.monotonic()
-                    before = counter.acks + counter.errors
-                    reader.feed(chunk)
-                    if counter.acks + counter.errors > before:
-                        t_last = last_data
-                    if reader.pings:
-                        pongs_owed += reader.pings
-                        reader.pings = 0
+            conn.pump()
+            if counter.acks + counter.errors > received:
+                t_last = conn.last_data
         res.cpu["client"] = time.process_time() - cpu0
     finally:
-        sel.close()
-        sock.close()
+        conn.close()
     res.sent, res.count, res.errors = sent, counter.acks, counter.errors
     res.seconds = t_last - t0
     res.rate = counter.acks / res.seconds if res.seconds > 0 else 0.0
@@ -352,7 +229,8 @@ def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any
     size = opts["size"]
     state = {"msgs": 0, "done": 0, "bad_size": 0, "not_found": 0, "error": ""}
 
-    def on_msg(buf: bytearray, hs: int, hlen: int, ps: int, plen: int) -> None:
+    def on_msg(buf: bytearray, line: int, eol: int, hlen: int, ps: int, plen: int) -> None:
+        hs = eol + 2
         if hlen < 0:
             state["error"] = state["error"] or "a reply without headers"
             return
@@ -368,10 +246,7 @@ def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any
         if plen != size:
             state["bad_size"] += 1
 
-    reader = FrameReader(on_msg)
-    sock, rest = raw_connect(port, b"_INBOX.read.*", stall)
-    sock.settimeout(stall)
-    reader.feed(rest)
+    conn = subscribed(port, b"_INBOX.read.*", on_msg, stall)
     requests = 0
     t0 = time.monotonic()
     cpu0 = time.process_time()
@@ -390,30 +265,21 @@ def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any
         )
 
     try:
-        sock.sendall(b"".join(request() for _ in range(depth)))
+        conn.send(b"".join(request() for _ in range(depth)))
         while state["done"] < requests:
-            try:
-                chunk = sock.recv(1 << 20)
-            except TimeoutError:
-                raise BenchError(f"no DIRECT.GET reply for {stall:.0f}s") from None
-            if not chunk:
-                raise BenchError("server closed the connection")
-            reader.feed(chunk)
+            conn.pump()
             if state["error"]:
                 raise BenchError(f"DIRECT.GET failed: {state['error']}")
-            if reader.pings:
-                sock.sendall(b"PONG\r\n" * reader.pings)
-                reader.pings = 0
             now = time.monotonic()
             if now > deadline:
                 res.capped = True
             missing = requests - state["done"]
             if state["msgs"] + missing * batch < n and not res.capped and missing < depth:
-                sock.sendall(b"".join(request() for _ in range(depth - missing)))
+                conn.send(b"".join(request() for _ in range(depth - missing)))
         res.seconds = time.monotonic() - t0
         res.cpu["client"] = time.process_time() - cpu0
     finally:
-        sock.close()
+        conn.close()
     res.sent = requests
     res.count = state["msgs"]
     res.rate = res.count / res.seconds if res.seconds > 0 else 0.0
@@ -427,14 +293,6 @@ def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any
 
 
 # -- nats-py -------------------------------------------------------------------------------
-
-
-def run_async(coro: Any, loop_kind: str) -> Any:
-    if loop_kind == "uvloop":
-        import uvloop
-
-        return uvloop.run(coro)
-    return asyncio.run(coro)
 
 
 async def setup_stream(url: str) -> None:
@@ -508,46 +366,15 @@ async def natspy_publish(url: str, n: int, opts: dict[str, Any], cap: float) -> 
     return res
 
 
-# -- machine load --------------------------------------------------------------------------
-
-
 # -- driver ----------------------------------------------------------------------------------
-
-
-@contextmanager
-def start_server(name: str, opts: dict[str, Any]) -> Iterator[ServerProcess]:
-    if name == "tether":
-        with start_tether(
-            store="sqlite",
-            wrapper=shlex.split(opts["tether_wrapper"]),
-            python_args=shlex.split(opts["tether_python_args"]),
-        ) as srv:
-            yield srv
-    elif name == "nats-server":
-        with start_nats_server(jetstream=True) as srv:
-            yield srv
-    else:
-        # The config's jetstream block enables JetStream with fsync before every ack. Its
-        # store_dir comes from the -sd that start_nats_server always passes (naming it
-        # in the file as well is refused: "Duplicate 'store_dir' configuration").
-        confdir = tempfile.mkdtemp(prefix="nats-sync-bench-")
-        try:
-            conf = Path(confdir) / "js-sync.conf"
-            conf.write_text('jetstream { sync_interval: "always" }\n')
-            with start_nats_server(args=["-c", str(conf)]) as srv:
-                yield srv
-        finally:
-            shutil.rmtree(confdir, ignore_errors=True)
 
 
 def measure(
     load: str, name: str, srv: ServerProcess, opts: dict[str, Any], n: int, cap: float
 ) -> Result:
-    idle = wait_idle(opts["wait_idle"]) if opts["wait_idle"] > 0 else 0.0
-    loadavg = [round(x, 2) for x in os.getloadavg()]
-    cpu0 = srv.cpu_seconds()
-    busy0 = machine_busy_seconds()
-    wall0 = time.monotonic()
+    idle = settle(opts["wait_idle"])
+    load1 = loadavg()
+    meter = Meter(srv)
     try:
         if load == "raw":
             res = raw_publish(srv.port, n, opts, cap)
@@ -560,20 +387,18 @@ def measure(
             res = raw_read(srv.port, first, stored, n, opts)
     except (BenchError, OSError, TimeoutError) as exc:
         res = Result(load, name, n, error=f"{type(exc).__name__}: {exc}")
-    wall = time.monotonic() - wall0
-    server_cpu = srv.cpu_seconds() - cpu0
-    busy = machine_busy_seconds() - busy0
-    res.server, res.loadavg, res.idle_wait = name, loadavg, idle
+    meter.stop()
+    res.server, res.loadavg, res.idle_wait = name, load1, idle
     if res.error:
         return res
-    secs = res.seconds or wall
+    secs = res.seconds or meter.wall
     client = res.cpu.get("client", 0.0)
     res.cpu = {
         "client": client / secs,
-        "server": server_cpu / secs,
-        "other": max(0.0, busy - server_cpu - client) / wall,
+        "server": meter.server / secs,
+        "other": meter.other(client) / meter.wall,
     }
-    res.server_us_per_msg = server_cpu / max(1, res.count) * 1e6
+    res.server_us_per_msg = meter.server / max(1, res.count) * 1e6
     if res.count < res.messages and not res.capped:
         res.error = f"short: {res.count:,} of {res.messages:,}" + (
             f" ({res.note})" if res.note else ""
@@ -584,10 +409,7 @@ def measure(
 def run(opts: dict[str, Any]) -> list[Result]:
     results: list[Result] = []
     for rep in range(opts["repeat"]):
-        servers = list(opts["servers"])
-        if rep % 2:
-            servers.reverse()  # alternate the order so no server always goes first
-        for name in servers:
+        for name in alternating(opts["servers"], rep):
             results.extend(run_server(name, rep, opts))
     return results
 
@@ -597,13 +419,13 @@ def run_server(name: str, rep: int, opts: dict[str, Any]) -> list[Result]:
     sync = name == "nats-server-sync"
     counts = {
         "raw": (opts["sync_messages"] if sync else opts["messages"]),
-        "nats-py": (opts["sync_messages"] if sync else opts["natspy_messages"]),
+        "nats-py": (opts["sync_messages"] if sync else opts["nats_py_messages"]),
         "read": opts["read_messages"],
     }
     cap = opts["sync_cap"] if sync else opts["timeout"]
     results: list[Result] = []
     try:
-        with start_server(name, opts) as srv:
+        with start_server(name, opts, store="sqlite", jetstream=True) as srv:
             run_async(setup_stream(srv.url), "asyncio")
             acked = 0
             for load in opts["loads"]:
@@ -652,11 +474,8 @@ def summarize(results: list[Result]) -> dict[str, Any]:
             ok = [r for r in results if r.load == load and r.server == name and not r.error]
             if not ok:
                 continue
-            rates = [r.rate for r in ok]
             row[name] = {
-                "median": statistics.median(rates),
-                "best": max(rates),
-                "runs": [round(x) for x in rates],
+                **rate_stats([r.rate for r in ok]),
                 "server_us_per_msg": statistics.median(r.server_us_per_msg for r in ok),
                 "loadavg": [r.loadavg[0] for r in ok],
                 "other_cpu": [round(r.cpu.get("other", 0.0), 2) for r in ok],
@@ -716,41 +535,20 @@ def print_table(summary: dict[str, Any], opts: dict[str, Any]) -> None:
         print(line)
 
 
-def environment() -> dict[str, Any]:
-    cpu_model = ""
-    mem_gib = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / (1 << 20), 1)
-                break
-    except OSError:
-        pass
-    try:
-        natspy = importlib.metadata.version("nats-py")
-    except importlib.metadata.PackageNotFoundError:
-        natspy = None
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu_model or platform.processor(),
-        "mem_gib": mem_gib,
-        "python": platform.python_version(),
-        "nats_py": natspy,
-        "tether": tether_version(),
-        "nats_server": nats_server_version(),
-    }
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    cli = Cli(
+        __doc__,
+        servers=SERVERS,
+        quick={"messages": 50_000, "nats_py_messages": 20_000, "read_messages": 50_000},
+        quick_help="50k raw, 20k nats-py, 50k read",
+        self_test=("check the PubAck counter and exit", self_test, "AckCounter self-test passed"),
+        unit="load",
+        wait_idle=15.0,
+    )
+    p = cli.parser
     p.add_argument("--messages", type=int, default=200_000, help="raw publishes (200k)")
     p.add_argument("--nats-py-messages", type=int, default=50_000, help="nats-py publishes")
     p.add_argument("--read-messages", type=int, default=200_000, help="messages to read")
-    p.add_argument("--quick", action="store_true", help="50k raw, 20k nats-py, 50k read")
     p.add_argument(
         "--sync-messages",
         type=int,
@@ -772,76 +570,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated loads to run, in this order: raw,nats-py,read (default all); "
         "read needs messages stored by a publish load",
     )
-    p.add_argument("--server", choices=[*SERVERS, "all"], default="all")
-    p.add_argument("--repeat", type=int, default=1, help="runs per server (order alternates)")
-    p.add_argument("--timeout", type=float, default=120.0, help="deadline per load (s)")
     p.add_argument("--drain", type=float, default=30.0, help="max wait for acks after a cap")
-    p.add_argument("--stall", type=float, default=20.0, help="max wait for any reply (s)")
-    p.add_argument("--client-loop", choices=["asyncio", "uvloop"], default="asyncio")
-    p.add_argument(
-        "--wait-idle",
-        type=float,
-        default=15.0,
-        help="before each load wait up to N s for other CPU load to stop (0: don't)",
-    )
-    p.add_argument(
-        "--tether-wrapper",
-        default="",
-        help="prefix for Tether's command, e.g. '.venv/bin/py-spy record -o /tmp/t.txt -f raw --'",
-    )
-    p.add_argument(
-        "--tether-python-args",
-        default="",
-        help="interpreter args for Tether, e.g. '-m cProfile -o /tmp/t.prof'",
-    )
-    p.add_argument("--self-test", action="store_true", help="check the PubAck counter and exit")
-    args = p.parse_args(argv)
+    args = cli.parse(argv)
     loads = LOADS if args.load == "all" else tuple(x.strip() for x in args.load.split(","))
     unknown = [x for x in loads if x not in LOADS]
     if unknown or not loads:
         p.error(f"--load: unknown load(s) {unknown}; choose from {', '.join(LOADS)}")
-    args.load = tuple(x for x in LOADS if x in loads)
-    if args.quick:
-        args.messages, args.nats_py_messages, args.read_messages = 50_000, 20_000, 50_000
+    args.loads = tuple(x for x in LOADS if x in loads)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.self_test:
-        self_test()
-        print("AckCounter self-test passed")
-        return 0
-    opts: dict[str, Any] = {
-        "messages": args.messages,
-        "natspy_messages": args.nats_py_messages,
-        "read_messages": args.read_messages,
-        "sync_messages": args.sync_messages,
-        "sync_cap": args.sync_cap,
-        "size": args.size,
-        "window": args.window,
-        "batch": args.batch,
-        "group": args.group,
-        "read_batch": args.read_batch,
-        "read_depth": args.read_depth,
-        "loads": args.load,
-        "servers": SERVERS if args.server == "all" else (args.server,),
-        "repeat": args.repeat,
-        "timeout": args.timeout,
-        "drain": args.drain,
-        "stall": args.stall,
-        "client_loop": args.client_loop,
-        "wait_idle": args.wait_idle,
-        "tether_wrapper": args.tether_wrapper,
-        "tether_python_args": args.tether_python_args,
-    }
-    env = environment()
-    load0 = [round(x, 2) for x in os.getloadavg()]
-    print(
-        f"JetStream publish: {env['nproc']} CPU ({env['cpu']}), {env['mem_gib']} GiB, "
-        f"Python {env['python']}, nats-py {env['nats_py']}, tether {env['tether']}, "
-        f"nats-server {env['nats_server']}; load average {load0}"
-    )
+    opts = vars(args)
+    env = environment(memory=True)
+    load0 = loadavg()
+    print(f"JetStream publish: {describe(env)}; load average {load0}")
     print(
         f"payload {args.size} B; raw {args.messages:,} (window {args.window:,}), "
         f"nats-py {args.nats_py_messages:,} (gather {args.group}), "
@@ -851,17 +595,14 @@ def main(argv: list[str] | None = None) -> int:
     results = run(opts)
     summary = summarize(results)
     print_table(summary, opts)
-    out = {
-        "benchmark": "js_publish",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv[1:] if argv is None else argv,
-        "environment": env,
-        "loadavg": {"start": load0, "end": [round(x, 2) for x in os.getloadavg()]},
-        "summary": summary,
-        "runs": [asdict(r) for r in results],
-    }
-    print(json.dumps(out, separators=(",", ":")))
-    return 1 if any(r.error for r in results) else 0
+    return finish(
+        "js_publish",
+        argv,
+        results,
+        environment=env,
+        loadavg={"start": load0, "end": loadavg()},
+        summary=summary,
+    )
 
 
 if __name__ == "__main__":

@@ -28,17 +28,10 @@ deadline; everything runs on 127.0.0.1 in temporary directories removed afterwar
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
-import json
-import os
-import platform
-import selectors
-import socket
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,153 +40,26 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _peers import (  # after the sys.path tweak above
+from _harness import (  # after the sys.path tweak above
+    BenchError,
+    Cli,
+    FrameReader,
     PeerStartError,
+    RawConn,
     ServerProcess,
-    nats_server_version,
-    start_nats_server,
-    start_tether,
-    tether_version,
+    connect_frame,
+    environment,
+    finish,
+    loadavg,
+    start_server,
+    subject_reply,
 )
 
-HOST = "127.0.0.1"
 STREAM = "BENCH"
 SUBJECT = b"bench.x"
 SIZE = 128
 TARGETS = {"nats-py": 1.0, "raw": 0.5}
-CONNECT = (
-    b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,'
-    b'"echo":true,"protocol":1,"lang":"raw","version":"0","name":"pull_consume"}\r\n'
-)
-
-# on_frame(subject, reply or None, headers or None, buf, payload_start, payload_len)
-OnFrame = Callable[[bytes, "bytes | None", "bytes | None", bytes, int, int], None]
-
-
-class BenchError(RuntimeError):
-    """A stall, a deadline, a closed connection, a server error or a wrong count."""
-
-
-class RawConn:
-    """A non-blocking raw NATS connection: buffered writes, frames parsed across reads."""
-
-    def __init__(self, port: int, on_frame: OnFrame, stall: float) -> None:
-        self.on_frame = on_frame
-        self.stall = stall
-        self.pongs = 0
-        self.out = bytearray()
-        self.buf = b""
-        sock = socket.create_connection((HOST, port), timeout=stall)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
-        self.sel = selectors.DefaultSelector()
-        try:
-            first = b""
-            while b"\r\n" not in first:
-                chunk = sock.recv(65536)  # bounded by the socket timeout
-                if not chunk:
-                    raise BenchError("server closed the connection before INFO")
-                first += chunk
-            if not first.startswith(b"INFO "):
-                raise BenchError(f"expected INFO, got {first[:80]!r}")
-            sock.setblocking(False)
-            self.sel.register(sock, selectors.EVENT_READ)
-            self.mask = selectors.EVENT_READ
-            self.last_data = time.monotonic()
-            self.feed(first[first.index(b"\r\n") + 2 :])
-            self.send(CONNECT)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        self.sel.close()
-        self.sock.close()
-
-    def send(self, data: bytes) -> None:
-        self.out += data
-
-    def pump(self, timeout: float = 0.2) -> None:
-        """Write what the socket takes, read and parse what arrived (waits <= timeout)."""
-        if self.out:
-            self._write()
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.out else 0)
-        if want != self.mask:
-            self.sel.modify(self.sock, want)
-            self.mask = want
-        for _key, events in self.sel.select(timeout):
-            if events & selectors.EVENT_READ:
-                try:
-                    chunk = self.sock.recv(1 << 20)
-                except BlockingIOError:
-                    chunk = None
-                if chunk is not None:
-                    if not chunk:
-                        raise BenchError("server closed the connection")
-                    self.last_data = time.monotonic()
-                    self.feed(chunk)
-            if events & selectors.EVENT_WRITE and self.out:
-                self._write()
-        if time.monotonic() - self.last_data > self.stall:
-            raise BenchError(f"nothing received for {self.stall:.0f}s")
-
-    def _write(self) -> None:
-        try:
-            n = self.sock.send(self.out)
-        except BlockingIOError:
-            return
-        del self.out[:n]
-
-    def ping(self, deadline: float) -> None:
-        """PING and wait for the PONG: the server has read everything sent before."""
-        want = self.pongs + 1
-        self.send(b"PING\r\n")
-        while self.pongs < want:
-            if time.monotonic() > deadline:
-                raise BenchError("no PONG before the deadline")
-            self.pump()
-
-    def feed(self, data: bytes) -> None:
-        buf = self.buf + data if self.buf else data
-        pos, end = 0, len(buf)
-        find, startswith, on_frame = buf.find, buf.startswith, self.on_frame
-        while pos < end:
-            eol = find(b"\r\n", pos)
-            if eol < 0:
-                if end - pos > 4096:
-                    raise BenchError(f"control line too long: {buf[pos : pos + 80]!r}")
-                break
-            if startswith(b"MSG ", pos):
-                parts = buf[pos + 4 : eol].split(b" ")
-                size = int(parts[-1])
-                stop = eol + 4 + size
-                if stop > end:
-                    break
-                on_frame(parts[0], parts[2] if len(parts) == 4 else None, None, buf, eol + 2, size)
-                pos = stop
-            elif startswith(b"HMSG ", pos):
-                parts = buf[pos + 5 : eol].split(b" ")
-                hlen, total = int(parts[-2]), int(parts[-1])
-                stop = eol + 4 + total
-                if stop > end:
-                    break
-                reply = parts[2] if len(parts) == 5 else None
-                hdr = buf[eol + 2 : eol + 2 + hlen]
-                on_frame(parts[0], reply, hdr, buf, eol + 2 + hlen, total - hlen)
-                pos = stop
-            else:
-                line = buf[pos:eol]
-                op = line.split(b" ", 1)[0].upper()
-                if op == b"PING":
-                    self.out += b"PONG\r\n"
-                elif op == b"PONG":
-                    self.pongs += 1
-                elif op == b"-ERR":
-                    raise BenchError(f"server error: {line.decode(errors='replace')}")
-                elif op not in (b"+OK", b"INFO"):
-                    raise BenchError(f"unexpected frame: {line[:80]!r}")
-                pos = eol + 2
-        self.buf = buf[pos:]
+CONNECT = connect_frame("pull_consume")
 
 
 def self_test() -> None:
@@ -211,22 +77,22 @@ def self_test() -> None:
     for step in (1, 2, 3, 7, 64, 1000, 65536):
         seen = {"msgs": 0, "status": 0}
 
-        def on_frame(
-            subj: bytes, reply: bytes | None, hdr: bytes | None, *_: Any, seen: dict = seen
+        def on_msg(
+            buf: bytearray, line: int, eol: int, hlen: int, *_: int, seen: dict = seen
         ) -> None:
-            if hdr is None:
+            subj, reply = subject_reply(buf, line, eol, hlen)
+            if hlen < 0:
                 assert reply is not None and reply.startswith(b"$JS.ACK.BENCH.RAW.1.")
                 seen["msgs"] += 1
             else:
-                assert hdr[9:12] == b"408" and subj.startswith(b"_INBOX.pc.")
+                assert buf[eol + 11 : eol + 14] == b"408" and subj.startswith(b"_INBOX.pc.")
                 seen["status"] += 1
 
-        conn = RawConn.__new__(RawConn)
-        conn.on_frame, conn.buf, conn.out, conn.pongs = on_frame, b"", bytearray(), 0
+        reader = FrameReader(on_msg)
         for pos in range(0, len(stream), step):
-            conn.feed(stream[pos : pos + step])
+            reader.feed(stream[pos : pos + step])
         assert seen == {"msgs": 1999, "status": 4}, (step, seen)
-        assert conn.out == b"PONG\r\n" * 20 and not conn.buf, step
+        assert reader.pings == 20 and not reader.buf, step
 
 
 # -- loads -----------------------------------------------------------------------------------
@@ -236,14 +102,15 @@ def prepublish(port: int, n: int, stall: float, timeout: float) -> None:
     """Pipelined PUBs with a reply inbox, at most 10k unacknowledged (not timed)."""
     state = {"acks": 0, "errors": 0, "first": ""}
 
-    def on_frame(subj: bytes, reply: Any, hdr: Any, buf: bytes, ps: int, plen: int) -> None:
-        if hdr is None and buf.startswith(b'{"stream"', ps):
+    def on_msg(buf: bytearray, line: int, eol: int, hlen: int, ps: int, plen: int) -> None:
+        if hlen < 0 and buf.startswith(b'{"stream"', ps):
             state["acks"] += 1
         else:
+            what = buf[eol + 2 : eol + 2 + hlen] if hlen >= 0 else buf[ps : ps + plen]
             state["errors"] += 1
-            state["first"] = state["first"] or repr(hdr or buf[ps : ps + plen])[:200]
+            state["first"] = state["first"] or repr(bytes(what))[:200]
 
-    conn = RawConn(port, on_frame, stall)
+    conn = RawConn(port, on_msg, stall, CONNECT)
     try:
         conn.send(b"SUB _INBOX.pp.* 1\r\n")
         frame = b"PUB %s _INBOX.pp.1 %d\r\n%s\r\n" % (SUBJECT, SIZE, b"x" * SIZE)
@@ -294,9 +161,10 @@ def raw_consume(port: int, n: int, opts: dict[str, Any]) -> tuple[int, dict[str,
     acks: list[bytes] = []
     count = [0]
 
-    def on_frame(subj: bytes, reply: Any, hdr: Any, buf: bytes, ps: int, plen: int) -> None:
-        if hdr is not None and subj.startswith(b"_INBOX.pc."):  # a status for a request
-            code = hdr[9:12].decode(errors="replace")
+    def on_msg(buf: bytearray, line: int, eol: int, hlen: int, *_: int) -> None:
+        subj, reply = subject_reply(buf, line, eol, hlen)
+        if hlen >= 0 and subj.startswith(b"_INBOX.pc."):  # a status for a request
+            code = bytes(buf[eol + 11 : eol + 14]).decode(errors="replace")
             statuses[code] += 1
             rid = int(subj[10:])
             for req in open_reqs:
@@ -314,7 +182,7 @@ def raw_consume(port: int, n: int, opts: dict[str, Any]) -> tuple[int, dict[str,
             if head[1] <= 0:
                 open_reqs.popleft()
 
-    conn = RawConn(port, on_frame, stall)
+    conn = RawConn(port, on_msg, stall, CONNECT)
     try:
         conn.send(b"SUB _INBOX.pc.* 1\r\n")
         conn.ping(time.monotonic() + stall)
@@ -390,7 +258,7 @@ async def setup(url: str, max_ack_pending: int) -> None:
 
 def measure(srv: ServerProcess, load: str, n: int, opts: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"load": load, "server": srv.name, "messages": n}
-    res["loadavg"] = round(os.getloadavg()[0], 2)
+    res["loadavg"] = loadavg()[0]
     cpu0 = srv.cpu_seconds()
     t0 = time.perf_counter()
     try:
@@ -424,11 +292,7 @@ def measure(srv: ServerProcess, load: str, n: int, opts: dict[str, Any]) -> dict
 def run_server(name: str, opts: dict[str, Any]) -> list[dict[str, Any]]:
     results = []
     try:
-        if name == "tether":
-            ctx = start_tether(store=opts["store"])
-        else:
-            ctx = start_nats_server(jetstream=True)
-        with ctx as srv:
+        with start_server(name, opts, store=opts["store"], jetstream=True) as srv:
             asyncio.run(setup(srv.url, opts["max_ack_pending"]))
             prepublish(srv.port, opts["stored"], opts["stall"], opts["timeout"])
             for load, n in (("nats-py", opts["natspy"]), ("raw", opts["raw"])):
@@ -461,27 +325,29 @@ def print_result(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    cli = Cli(
+        __doc__,
+        servers=("tether", "nats-server"),
+        quick={"natspy_messages": 20_000, "raw_messages": 50_000},
+        quick_help="20k nats-py, 50k raw",
+        self_test=("test the frame parser and exit", self_test, "parser self-test passed"),
+        unit="load",
+        stall_help="max wait for any data (s)",
+        wait_idle=None,
+        repeat=False,
+        client_loop=False,
+        profile=False,
+    )
+    p = cli.parser
     p.add_argument("--natspy-messages", type=int, default=50_000, help="nats-py load (50k)")
     p.add_argument("--raw-messages", type=int, default=200_000, help="raw load (200k)")
-    p.add_argument("--quick", action="store_true", help="20k nats-py, 50k raw")
     p.add_argument("--store", choices=["memory", "sqlite"], default="memory")
     p.add_argument("--fetch", type=int, default=500, help="nats-py fetch size (500)")
     p.add_argument("--batch", type=int, default=1000, help="raw: batch per request (1000)")
     p.add_argument("--depth", type=int, default=2, help="raw: requests outstanding (2)")
     p.add_argument("--expires", type=float, default=5.0, help="raw: request expiry (s)")
     p.add_argument("--max-ack-pending", type=int, default=10_000, help="raw consumer (10k)")
-    p.add_argument("--server", choices=["tether", "nats-server", "all"], default="all")
-    p.add_argument("--timeout", type=float, default=120.0, help="deadline per load (s)")
-    p.add_argument("--stall", type=float, default=20.0, help="max wait for any data (s)")
-    p.add_argument("--self-test", action="store_true", help="test the frame parser and exit")
-    args = p.parse_args(argv)
-    if args.self_test:
-        self_test()
-        print("parser self-test passed")
-        return 0
-    if args.quick:
-        args.natspy_messages, args.raw_messages = 20_000, 50_000
+    args = cli.parse(argv)
     opts: dict[str, Any] = {
         "natspy": args.natspy_messages,
         "raw": args.raw_messages,
@@ -495,10 +361,11 @@ def main(argv: list[str] | None = None) -> int:
         "timeout": args.timeout,
         "stall": args.stall,
     }
-    load0 = [round(x, 2) for x in os.getloadavg()]
+    env = environment()
+    load0 = loadavg()
     print(
-        f"pull consume: {os.cpu_count()} CPU, Python {platform.python_version()}, "
-        f"tether {tether_version()} (store {args.store}) vs nats-server {nats_server_version()}; "
+        f"pull consume: {env['nproc']} CPU, Python {env['python']}, "
+        f"tether {env['tether']} (store {args.store}) vs nats-server {env['nats_server']}; "
         f"load average {load0}"
     )
     print(
@@ -507,8 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         f"depth {args.depth}, max_ack_pending {args.max_ack_pending:,})",
         flush=True,
     )
-    servers = ["tether", "nats-server"] if args.server == "all" else [args.server]
-    results = [r for name in servers for r in run_server(name, opts)]
+    results = [r for name in args.servers for r in run_server(name, opts)]
     rates = {(r["load"], r["server"]): r for r in results if "rate" in r and not r.get("error")}
     ratios = []
     print()
@@ -524,19 +390,16 @@ def main(argv: list[str] | None = None) -> int:
             f">= {target:g}x {'met' if ratio >= target else 'MISSED'}  "
             f"{t['server_us_per_msg']:.1f} / {n['server_us_per_msg']:.1f}"
         )
-    out = {
-        "benchmark": "pull_consume",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv[1:] if argv is None else argv,
-        "python": platform.python_version(),
-        "tether": tether_version(),
-        "nats_server": nats_server_version(),
-        "loadavg": {"start": load0, "end": [round(x, 2) for x in os.getloadavg()]},
-        "ratios": ratios,
-        "runs": results,
-    }
-    print(json.dumps(out, separators=(",", ":"), default=str))
-    return 1 if any(r.get("error") for r in results) else 0
+    return finish(
+        "pull_consume",
+        argv,
+        results,
+        python=env["python"],
+        tether=env["tether"],
+        nats_server=env["nats_server"],
+        loadavg={"start": load0, "end": loadavg()},
+        ratios=ratios,
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _peers import (  # after the sys.path tweak above
+from _harness import (  # after the sys.path tweak above
     ServerProcess,
     nats_server_version,
     start_nats_server,

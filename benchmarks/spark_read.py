@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _peers import start_nats_server, start_tether  # after the sys.path tweak above
+from _harness import start_nats_server, start_tether  # after the sys.path tweak above
 
 from tether.client import ServiceUnavailable, connect
 from tether.spark import TetherDataSource, _runtime
@@ -117,31 +117,28 @@ def timed(action: Any) -> float:
     return time.perf_counter() - start
 
 
+def batch_read(spark: Any, fmt: str, url: str, args: argparse.Namespace) -> Any:
+    """The whole stream as a batch DataFrame of data source ``fmt``."""
+    return (
+        spark.read.format(fmt)
+        .option("servers", url)
+        .option("stream", "BENCH")
+        .option("minPartitions", str(args.partitions))
+        .option("maxRecordsPerPartition", str(max(1, args.messages // args.partitions)))
+        .option("readMethod", args.read_method)
+        .load()
+    )
+
+
 def spark_runs(spark: Any, url: str, args: argparse.Namespace) -> dict[str, float]:
     results: dict[str, float] = {}
     n = args.messages
     # Warm up: the first action of a session starts the Python workers (seconds), and
     # the JVM compiles its Arrow-to-row path during the first large reads.
-    warm = (
-        spark.read.format("tether")
-        .option("servers", url)
-        .option("stream", "BENCH")
-        .option("minPartitions", str(args.partitions))
-        .option("maxRecordsPerPartition", str(max(1, n // args.partitions)))
-        .option("readMethod", args.read_method)
-        .load()
-    )
+    warm = batch_read(spark, "tether", url, args)
     results["warm-up (batch, Arrow)"] = n / timed(lambda: warm.selectExpr("count(*)").collect())
     for label, fmt in (("batch, Arrow", "tether"), ("batch, tuples", "tether_tuples")):
-        df = (
-            spark.read.format(fmt)
-            .option("servers", url)
-            .option("stream", "BENCH")
-            .option("minPartitions", str(args.partitions))
-            .option("maxRecordsPerPartition", str(max(1, n // args.partitions)))
-            .option("readMethod", args.read_method)
-            .load()
-        )
+        df = batch_read(spark, fmt, url, args)
         rates = []
         for _ in range(args.repeat if fmt == "tether" else 1):
             start = time.perf_counter()
