@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import logging
 import socket
+import time
 from typing import Any, Protocol, cast
 
 import msgspec
@@ -107,6 +108,9 @@ class ClientConnection(asyncio.Protocol):
         self.lang = ""
         self.version = ""
         self.remote = ("", 0)
+        # For the monitoring endpoints (/connz): when it connected, when it last sent.
+        self.started_at = time.time()
+        self.last_read = self.started_at
         self.in_msgs = 0
         self.in_bytes = 0
         self.out_msgs = 0
@@ -137,6 +141,11 @@ class ClientConnection(asyncio.Protocol):
         self._run_target: BatchHandler | None = None
         self._batch_target = server.router.batch_target
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes buffered for the client and not yet written (/connz)."""
+        return self._out_size
+
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -162,6 +171,7 @@ class ClientConnection(asyncio.Protocol):
         if self.closing:
             return
         self._got_data = True
+        self.last_read = time.time()
         try:
             # Until it authenticates, the only thing a client may send is CONNECT;
             # nats-server rejects anything else on its first byte.
