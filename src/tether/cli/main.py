@@ -3,24 +3,49 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from tether.cli._typer import CONTEXT, MARKUP, ClickError, Command, Group, report
 from tether.cli.aliases import normalize
 from tether.version import __version__
 
 app = typer.Typer(
     name="tether",
     help="Tether: a durable message broker with first-class pull consumers.",
-    no_args_is_help=True,
+    cls=Group,
     add_completion=False,
+    context_settings=CONTEXT,
+    rich_markup_mode=MARKUP,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+# nats-server's spelling: -v/--version prints the version (its -V is trace, see aliases.py).
+VersionFlag = Annotated[
+    bool,
+    typer.Option(
+        "--version", "-v", is_eager=True, callback=_print_version, help="Print the version."
+    ),
+]
+
+
+@app.callback()
+def _root(version: VersionFlag = False) -> None:
+    """Tether: a durable message broker with first-class pull consumers."""
 
 
 def _setup_logging(level: str) -> None:
@@ -33,14 +58,15 @@ def _setup_logging(level: str) -> None:
     )
 
 
-@app.command()
+@app.command(cls=Command)
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[
-        int | None, typer.Option(help="NATS client port (-1 picks a free one).")
+        int | None, typer.Option(help="NATS client port, 0-65535 (-1 or 0 picks a free one).")
     ] = None,
     http_port: Annotated[
-        int | None, typer.Option(help="HTTP port for /healthz, /varz (-1 picks a free one).")
+        int | None,
+        typer.Option(help="HTTP port for /healthz, /varz, 0-65535 (-1 or 0 picks a free one)."),
     ] = None,
     store: Annotated[
         str | None,
@@ -62,16 +88,19 @@ def serve(
         int | None, typer.Option(help="Outbound bytes per connection before Slow Consumer.")
     ] = None,
     server_name: Annotated[str | None, typer.Option(help="Server name reported in INFO.")] = None,
-    log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info (the default), warning or error.")
+    ] = None,
     webhook_broker_config: Annotated[
         Path | None,
         typer.Option(
-            help="A webhook-broker INI file (seed data, [broker], [consumer-connection])."
+            help=r"A webhook-broker INI file (seed data, \[broker], \[consumer-connection])."
         ),
     ] = None,
     jetstream: Annotated[
         bool, typer.Option("--jetstream", help="Accepted for nats-server compatibility.")
     ] = False,
+    version: VersionFlag = False,
 ) -> None:
     """Run the broker."""
     from tether.server.app import Tether
@@ -99,6 +128,12 @@ def serve(
         typer.echo(f"tether: {exc}", err=True)
         raise typer.Exit(2) from None
     _setup_logging(cfg.log_level)
+    busy = _port_in_use(
+        cfg.host, {"the NATS port, --port": cfg.port, "the HTTP port, --http-port": cfg.http_port}
+    )
+    if busy:
+        logging.getLogger("tether").error("cannot start: %s", busy)
+        raise typer.Exit(1)
     # Every publish creates a few short-lived container objects that live until their
     # group commit; with CPython's default threshold (700) the collector then runs every
     # few hundred messages and took over a quarter of the loop's time under load.
@@ -118,12 +153,48 @@ def serve(
         raise typer.Exit(1) from None
 
 
-@app.command()
+def _port_in_use(host: str, ports: dict[str, int]) -> str | None:
+    """Which of ``ports`` (by name) another process already listens on, told before the
+    store is opened and naming the address; ``None`` when all look free (binding for real
+    may still fail: the server then reports the system's error)."""
+    for name, port in ports.items():
+        if port <= 0:
+            continue
+        try:
+            addresses = socket.getaddrinfo(
+                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except OSError:
+            continue
+        for family, kind, proto, _, address in addresses:
+            with socket.socket(family, kind, proto) as sock:
+                # The listeners' own options: a port held only by TIME_WAIT sockets is free.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    sock.bind(address)
+                except OSError as exc:
+                    if exc.errno == errno.EADDRINUSE:
+                        ip = f"[{address[0]}]" if family == socket.AF_INET6 else address[0]
+                        return f"{ip}:{port} is already in use ({name})"
+    return None
+
+
+@app.command(cls=Command)
 def version() -> None:
     """Print the version."""
     typer.echo(__version__)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = normalize(list(sys.argv[1:] if argv is None else argv))
-    app(args=args, prog_name="tether")
+    args = normalize(list(sys.argv[1:] if argv is None else argv)) or ["--help"]
+    try:
+        code = app(args=args, prog_name="tether", standalone_mode=False)
+    except ClickError as exc:
+        # One line, as for a bad configuration, not click's usage block.
+        sys.exit(report(exc))
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

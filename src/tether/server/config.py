@@ -9,6 +9,9 @@ from typing import Any, Literal
 import msgspec
 
 MiB = 1024 * 1024
+LOG_LEVELS = ("debug", "info", "warning", "error")
+STORE_FORMS = "'memory', 'sqlite:DIR' or 'sqlite://DIR'"
+PORT_RANGE = "0-65535 or -1 (-1 and 0 pick a free port)"
 
 
 class SeedResource(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -117,7 +120,45 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ServerCon
         # The INI file is the compatibility layer: native keys and flags win over it.
         values = {**load_ini(ini_path), **values}
     try:
-        return msgspec.convert(values, ServerConfig)
+        cfg = msgspec.convert(values, ServerConfig)
     except msgspec.ValidationError as exc:
         where = f"{path}: " if path else ""
         raise ValueError(f"{where}invalid configuration: {exc}") from exc
+    _check(cfg, path, {k for k, v in overrides.items() if v is not None})
+    return cfg
+
+
+def _store_problem(url: str) -> str | None:
+    # The forms tether.storage.open_store takes; postgres is refused there, when starting.
+    scheme, colon, rest = url.partition(":")
+    if url == "memory" or (colon and scheme in ("postgres", "postgresql")):
+        return None
+    if colon and scheme == "sqlite":
+        return None if rest.removeprefix("//") else "names no directory"
+    return "unknown storage"
+
+
+def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
+    """Values of the right type that still make no sense, named as the user wrote them:
+    ``--port 99999`` for a flag, ``tether.toml: port = 99999`` for a key of the file."""
+
+    def source(key: str) -> str:
+        value = getattr(cfg, key)
+        if key in flags:
+            return f"--{key.replace('_', '-')} {value}"
+        return f"{path}: {key} = {value!r}" if path else f"{key} = {value!r}"
+
+    for key in ("port", "http_port"):
+        if not -1 <= getattr(cfg, key) <= 65535:
+            raise ValueError(f"{source(key)}: not a port: expected {PORT_RANGE}")
+    if cfg.port > 0 and cfg.port == cfg.http_port:
+        raise ValueError(
+            f"{source('port')} and {source('http_port')}: the NATS and the HTTP port must differ"
+        )
+    if cfg.log_level.lower() not in LOG_LEVELS:
+        raise ValueError(
+            f"{source('log_level')}: unknown log level: expected one of {', '.join(LOG_LEVELS)}"
+        )
+    problem = _store_problem(cfg.store)
+    if problem:
+        raise ValueError(f"{source('store')}: {problem}: expected {STORE_FORMS}")

@@ -16,6 +16,7 @@ not absolute or whose ``type`` is neither empty, ``push`` nor ``pull`` is skippe
 from __future__ import annotations
 
 import configparser
+import math
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,8 +26,21 @@ def _parser(path: str | Path) -> configparser.ConfigParser:
     # Keys are ids (case-sensitive), values may hold ':' and '%'.
     parser = configparser.ConfigParser(delimiters=("=",), interpolation=None, strict=False)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
-    with open(path, encoding="utf-8") as f:
-        parser.read_file(f)
+    # Errors read as the TOML file's do: one line, the file's name first.
+    try:
+        with open(path, encoding="utf-8") as f:
+            parser.read_file(f)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a UTF-8 text file") from None
+    except configparser.MissingSectionHeaderError as exc:
+        raise ValueError(f"{path}: line {exc.lineno}: a key before any [section]") from None
+    except configparser.ParsingError as exc:
+        lineno, line = exc.errors[0]
+        raise ValueError(f"{path}: line {lineno}: not 'key = value': {line}") from None
+    except configparser.Error as exc:
+        raise ValueError(f"{path}: not a valid INI file: {' '.join(str(exc).split())}") from None
     return parser
 
 
@@ -36,14 +50,25 @@ def _section(parser: configparser.ConfigParser, name: str) -> dict[str, str]:
 
 def _number(raw: str, key: str) -> float:
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise ValueError(f"{key}: not a number: {raw!r}") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{key}: not a number: {raw!r}")
+    return value
 
 
 def load_ini(path: str | Path) -> dict[str, Any]:
-    """The INI file as ``ServerConfig`` values (only the keys it sets)."""
+    """The INI file as ``ServerConfig`` values (only the keys it sets); a ``ValueError``
+    naming the file if it cannot be read or a value makes no sense."""
     parser = _parser(path)
+    try:
+        return _values(parser)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _values(parser: configparser.ConfigParser) -> dict[str, Any]:
     out: dict[str, Any] = {}
     broker = _section(parser, "broker")
     if broker.get("max-retry", "").strip():
@@ -71,6 +96,8 @@ def load_ini(path: str | Path) -> dict[str, Any]:
     if listener:
         _, _, port = listener.rpartition(":")
         if port.isdigit():
+            if int(port) > 65535:
+                raise ValueError(f"[http] listener {listener!r}: not a port: expected 0-65535")
             out["http_port"] = int(port)
     sched = _section(parser, "scheduler")
     if sched.get("min-schedule-delay-minutes", "").strip():
