@@ -320,16 +320,10 @@ def routes(app: Monitored) -> list[Route]:
             return {**base(), "disabled": True}
         usage = broker.account_usage()
         all_streams = list(broker.streams.values())
-        api = {"level": 1, "total": js.api_total, "errors": js.api_errors}
+        stats = _js_stats(broker, js)
         body: dict[str, Any] = {
             **base(),
-            "memory": usage["memory"],
-            "storage": usage["storage"],
-            "reserved_memory": 0,
-            "reserved_storage": 0,
-            "accounts": 1,
-            "ha_assets": 0,
-            "api": api,
+            **stats,
             "config": _js_config(app),
             "limits": {},
             "streams": usage["streams"],
@@ -339,17 +333,7 @@ def routes(app: Monitored) -> list[Route]:
             "total": 0,
         }
         if accounts and acc in ("", ACCOUNT):
-            detail: dict[str, Any] = {
-                "name": ACCOUNT,
-                "id": ACCOUNT,
-                "memory": usage["memory"],
-                "storage": usage["storage"],
-                "reserved_memory": 0,
-                "reserved_storage": 0,
-                "accounts": 1,
-                "ha_assets": 0,
-                "api": api,
-            }
+            detail: dict[str, Any] = {"name": ACCOUNT, "id": ACCOUNT, **stats}
             if streams:
                 chosen = _page(sorted(all_streams, key=lambda s: s.name), offset, limit)
                 detail["stream_detail"] = [
@@ -541,19 +525,20 @@ def _varz_jetstream(app: Monitored) -> dict[str, Any]:
     broker, js = app.broker, app.jetstream
     if broker is None or js is None:
         return {}
+    return {"config": _js_config(app), "stats": _js_stats(broker, js), "limits": {}}
+
+
+def _js_stats(broker: Broker, js: JetStreamApi) -> dict[str, Any]:
+    """JetStream usage of the one account, as /varz and /jsz both show it."""
     usage = broker.account_usage()
     return {
-        "config": _js_config(app),
-        "stats": {
-            "memory": usage["memory"],
-            "storage": usage["storage"],
-            "reserved_memory": 0,
-            "reserved_storage": 0,
-            "accounts": 1,
-            "ha_assets": 0,
-            "api": {"level": 1, "total": js.api_total, "errors": js.api_errors},
-        },
-        "limits": {},
+        "memory": usage["memory"],
+        "storage": usage["storage"],
+        "reserved_memory": 0,
+        "reserved_storage": 0,
+        "accounts": 1,
+        "ha_assets": 0,
+        "api": {"level": 1, "total": js.api_total, "errors": js.api_errors},
     }
 
 
