@@ -38,7 +38,15 @@ class HttpListener:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, self._requested_port))
+        try:
+            sock.bind((self._host, self._requested_port))
+        except OSError as exc:
+            sock.close()
+            # The same words whatever raced the CLI's own check for a free port.
+            raise OSError(
+                exc.errno,
+                f"cannot listen for HTTP on {self._host}:{self._requested_port}: {exc.strerror}",
+            ) from None
         sock.listen(1024)
         sock.setblocking(False)
         self.port = int(sock.getsockname()[1])
