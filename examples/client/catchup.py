@@ -1,6 +1,6 @@
 """A catch-up subscription: replay a stream from a checkpoint, then follow it live.
 
-NATS_URL=nats://127.0.0.1:4222 python examples/client/catchup.py
+NATS_URL=nats://127.0.0.1:4222 .venv/bin/python examples/client/catchup.py
 """
 
 from __future__ import annotations

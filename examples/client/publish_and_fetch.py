@@ -1,6 +1,6 @@
 """Create a stream, publish with acks, and pull with explicit acks.
 
-NATS_URL=nats://127.0.0.1:4222 python examples/client/publish_and_fetch.py
+NATS_URL=nats://127.0.0.1:4222 .venv/bin/python examples/client/publish_and_fetch.py
 """
 
 from __future__ import annotations

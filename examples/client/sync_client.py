@@ -1,6 +1,6 @@
 """The blocking facade, for scripts and thread-based code.
 
-NATS_URL=nats://127.0.0.1:4222 python examples/client/sync_client.py
+NATS_URL=nats://127.0.0.1:4222 .venv/bin/python examples/client/sync_client.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A worker: bounded concurrency, retries with growing delays, give-up, backoff.
 
-NATS_URL=nats://127.0.0.1:4222 python examples/client/worker.py
+NATS_URL=nats://127.0.0.1:4222 .venv/bin/python examples/client/worker.py
 """
 
 from __future__ import annotations
