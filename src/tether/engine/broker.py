@@ -36,8 +36,10 @@ from tether.engine.streams.stream import (
     MSG_ID,
     MSG_TTL,
     PRIORITY,
+    PRIORITY_RANGE,
     ROLLUP,
     Stream,
+    parse_priority,
 )
 from tether.engine.subjects import filters_overlap
 from tether.storage.base import (
@@ -115,6 +117,7 @@ class Broker:
         self._last_tick: _Tick | None = None
         self._expiry_timer: Timer | None = None
         self._expiry_at = 0
+        store.on_refused(self._take_back)
 
     # -- startup ---------------------------------------------------------------------------
     async def load(self) -> None:
@@ -144,7 +147,7 @@ class Broker:
             for msg in await self.store.read_many(stream.name, recent[i : i + 1000]):
                 msg_id = _header_fields(msg.headers).get(MSG_ID) if msg.headers else None
                 if msg_id:
-                    stream.remember_msg_id(msg_id.decode(), msg.seq, msg.ts)
+                    stream.remember_msg_id(msg_id.decode(errors="replace"), msg.seq, msg.ts)
 
     # -- stream management ------------------------------------------------------------------
     def _notify_changed(self, stream: Stream) -> None:
@@ -501,7 +504,10 @@ class Broker:
                 )
                 raw_id = fields.get(MSG_ID)
                 if raw_id:
-                    msg_id = raw_id.decode()
+                    try:
+                        msg_id = raw_id.decode()
+                    except UnicodeDecodeError:
+                        raise errors.invalid_header("Nats-Msg-Id", "not UTF-8") from None
                     dup = stream.duplicate_of(msg_id, now)
                     if dup:
                         if target is not None:
@@ -514,15 +520,17 @@ class Broker:
                 if raw_rollup:
                     if not cfg.allow_rollup_hdrs or cfg.deny_purge:
                         raise errors.rollup_not_permitted()
-                    rollup = raw_rollup.decode().lower()
+                    rollup = raw_rollup.decode(errors="replace").lower()
                     if rollup not in ("sub", "all"):
                         raise errors.invalid_rollup(rollup)
                 raw_priority = fields.get(PRIORITY)
                 if raw_priority:
-                    try:
-                        priority = int(raw_priority)
-                    except ValueError:
-                        raise errors.bad_request("invalid priority header") from None
+                    # Checked here, not by the store: a value it cannot hold would fail
+                    # the whole commit, and every publish of the tick with it.
+                    parsed = parse_priority(raw_priority)
+                    if parsed is None:
+                        raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
+                    priority = parsed
             stream.check_size(len(hdrs), len(payload))
             size = len(subject) + len(hdrs) + len(payload) + 16
             stream.check_limits_for_new(subject, size, bool(rollup))
@@ -593,6 +601,8 @@ class Broker:
         else:
             by_stream: dict[str, tuple[Stream, list[int]]] = {}
             for stream, first, last, _ in tick.appended:
+                if last > stream.durable_seq:
+                    stream.durable_seq = last
                 entry = by_stream.get(stream.name)
                 if entry is None:
                     entry = by_stream[stream.name] = (stream, [])
@@ -617,6 +627,116 @@ class Broker:
                     target(failed)
                 else:
                     target.pub_failed(name, replies, failed)
+
+    # -- appends the store refused ------------------------------------------------------------------
+    def _take_back(self, refused: dict[str, dict[int, str]]) -> None:
+        """The store can never commit these appends (a value it cannot hold): refuse
+        them alone, and store every later message of their streams again.
+
+        Called by the store before the rest of their commit goes ahead (nothing of
+        theirs is committed meanwhile). Every message of the stream from the first
+        refused one on is taken back (from the store's pending commits and from the
+        stream's index, giving the sequences back); the refused ones get an error, the
+        others are published again, in their order, as if they had just arrived: same
+        checks, the next sequences, acknowledged once their new commit is durable. So
+        one bad message never fails its neighbours nor leaves a hole in the numbering.
+        """
+        for name, bad in refused.items():
+            first = min(bad)
+            msgs = self.store.withdraw(name, first)
+            streams, waiting, dups, msg_ids = self._unbook(name, first)
+            for stream in streams:
+                for msg in reversed(msgs):  # newest first: each gives its sequence back
+                    stream.forget(msg.seq, msg_ids.get(msg.seq, ""))
+            live = self.streams.get(name)
+            if live is not None and live not in streams:
+                live = None  # deleted (and maybe created again) since: nothing to redo
+            moved: dict[int, int] = {}
+            for msg in msgs:
+                target, replies = waiting.pop(msg.seq, (None, None))
+                why = bad.get(msg.seq)
+                if why is not None or live is None:
+                    error = errors.store_failed(f"storage failed: {why or 'stream deleted'}")
+                    _answer(target, name, replies, error)
+                    continue
+                before = live.last_seq
+                headers = msg.headers or None
+                self._publish_one(live, msg.subject, headers, msg.data, target, replies)
+                if live.last_seq != before:
+                    moved[msg.seq] = live.last_seq
+            for target, replies in waiting.values():  # no message left to store
+                _answer(target, name, replies, errors.store_failed("storage failed"))
+            for target, seq, replies in dups:
+                new = moved.get(seq)
+                if new is None or live is None:
+                    why = bad.get(seq, "the original was not stored")
+                    _answer(target, name, replies, errors.store_failed(f"storage failed: {why}"))
+                else:
+                    self._ack_duplicate(live, new, target, replies)
+            log.warning(
+                "stream %s: %d message(s) refused by the store (%s); %d stored again",
+                name,
+                len(bad),
+                next(iter(bad.values())),
+                len(moved),
+            )
+
+    def _unbook(
+        self, name: str, first: int
+    ) -> tuple[
+        list[Stream],
+        dict[int, tuple[Any, list[str] | None]],
+        list[tuple[Any, int, list[str] | None]],
+        dict[int, str],
+    ]:
+        """Take the appends of stream ``name`` from ``first`` on out of the commits in
+        flight: the streams they were made to, who waits for each sequence (target,
+        replies), the duplicates waiting for one of them, and their msg ids."""
+        streams: list[Stream] = []
+        waiting: dict[int, tuple[Any, list[str] | None]] = {}
+        dups: list[tuple[Any, int, list[str] | None]] = []
+        msg_ids: dict[int, str] = {}
+        for tick in self._ticks.values():
+            appended: list[tuple[Stream, int, int, str]] = []
+            for entry in tick.appended:
+                stream, lo, hi, msg_id = entry
+                if stream.name != name or hi < first:
+                    appended.append(entry)
+                    continue
+                if stream not in streams:
+                    streams.append(stream)
+                if msg_id:
+                    msg_ids[lo] = msg_id
+                if lo < first:
+                    appended.append((stream, lo, first - 1, msg_id))
+            tick.appended = appended
+            if tick.first_seq.get(name, 0) >= first:
+                del tick.first_seq[name]
+            waiters: list[_Waiter] = []
+            for waiter in tick.waiters:
+                target, wname, wseq, replies, duplicate = waiter
+                if wname != name:
+                    waiters.append(waiter)
+                elif duplicate:
+                    if wseq >= first:
+                        dups.append((target, wseq, replies))
+                    else:
+                        waiters.append(waiter)
+                elif replies is None:
+                    if wseq >= first:
+                        waiting[wseq] = (target, None)
+                    else:
+                        waiters.append(waiter)
+                else:
+                    keep = max(0, min(len(replies), first - wseq))
+                    if keep:
+                        waiters.append((target, wname, wseq, replies[:keep], False))
+                    for i in range(keep, len(replies)):
+                        if replies[i]:
+                            waiting[wseq + i] = (target, [replies[i]])
+            tick.waiters = waiters
+            tick.merged = None
+        return streams, waiting, dups, msg_ids
 
     # -- reads ------------------------------------------------------------------------------------
     async def read(self, stream: Stream, seq: int) -> StoredMessage | None:
@@ -752,6 +872,20 @@ def _header_fields(block: bytes) -> dict[bytes, bytes]:
         if sep:
             out.setdefault(key.strip(), value.strip())
     return out
+
+
+def _answer(
+    target: Any, stream: str, replies: list[str] | None, result: PubAck | errors.ApiError
+) -> None:
+    """Tell one publisher waiting on ``target`` (a callback, or a sink for ``replies``)."""
+    if target is None:
+        return
+    if replies is None:
+        target(result)
+    elif isinstance(result, errors.ApiError):
+        target.pub_failed(stream, replies, result)
+    else:
+        target.pub_acked(stream, result.seq, replies, result.duplicate)
 
 
 def _storage_failed(exc: BaseException) -> errors.ApiError:

@@ -20,6 +20,11 @@ def bad_request(description: str = "bad request") -> ApiError:
     return ApiError(400, 10003, description)
 
 
+def invalid_header(name: str, why: str) -> ApiError:
+    """A publish header whose value cannot be used (checked before it is stored)."""
+    return ApiError(400, 10003, f"invalid {name} header: {why}")
+
+
 def managed_by_http(what: str, instead: str) -> ApiError:
     """A NATS request that would pull an HTTP API consumer out from under it."""
     return ApiError(400, 10003, f"{what} is managed by the HTTP API; use {instead}")

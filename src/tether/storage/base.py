@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -101,6 +101,10 @@ class ConsumerRecord(msgspec.Struct, frozen=True):
     config: bytes  # engine-encoded configuration
     state: bytes  # engine-encoded delivery state (cursor, ack floor, pending, dead set)
     created_ns: int
+
+
+# Who hears about refused appends: {stream: {seq: why}} (see Store.on_refused).
+RefusalHandler = Callable[[dict[str, dict[int, str]]], None]
 
 
 class Store(ABC):
@@ -210,3 +214,17 @@ class Store(ABC):
     @abstractmethod
     def flush(self) -> asyncio.Future[None]:
         """The awaitable of the current group commit (completes at once if none pending)."""
+
+    # -- writes the store can never commit ---------------------------------------------
+    def on_refused(self, handler: RefusalHandler) -> None:  # noqa: B027 - optional
+        """Register who hears about appends the store found it can never commit (a value
+        it cannot hold): ``handler({stream: {seq: why}})``, on the event loop, before
+        the rest of their commit goes ahead without them. The handler takes the refused
+        appends back, with every later one of their streams (:meth:`withdraw`), so that
+        no sequence is left out. Without a handler, or in a backend that cannot tell
+        which write is to blame, such a commit fails whole."""
+
+    def withdraw(self, stream: str, from_seq: int) -> list[StoredMessage]:
+        """Take the appends of ``stream`` with seq >= ``from_seq`` out of every commit
+        not done yet and return them in order. Only from a refusal handler."""
+        return []

@@ -12,20 +12,29 @@ thread owning the only write connection, fed through a queue. When batches pile 
 while it is busy, it merges them into one transaction, which is what lets group
 commit scale: the cost of a durable commit (an fsync) is shared by every write that
 arrived while the previous one was in progress.
+
+A write the backend can never store (a value it cannot hold) must not fail the
+writes it happens to share a commit with: a committer that can tell which ops are to
+blame (:meth:`Isolating.find_culprits`) gets them refused alone. The store's owner
+hears about refused appends (:meth:`BatchingStore.on_refused`) and takes back what
+depends on them (:meth:`BatchingStore.withdraw`) before the rest is committed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 from abc import abstractmethod
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 from tether.storage.base import (
     ConsumerRecord,
+    RefusalHandler,
     StorageError,
     Store,
     StoredMessage,
@@ -46,12 +55,15 @@ __all__ = [
     "CommitFuture",
     "Committer",
     "GroupCommit",
+    "Isolating",
     "Op",
     "Settled",
     "ThreadCommitter",
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("tether.storage")
 
 # -- ops ---------------------------------------------------------------------------
 # Plain tuples tagged by a small int: the cheapest object Python can build on the hot
@@ -125,13 +137,14 @@ class GroupCommit:
     the order the batches were handed off.
     """
 
-    __slots__ = ("_batch", "_closed", "_hand_off", "_in_flight", "_loop")
+    __slots__ = ("_batch", "_closed", "_flying", "_hand_off", "_in_flight", "_loop")
 
     def __init__(self, hand_off: Callable[[Batch], None]) -> None:
         self._hand_off = hand_off
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batch: Batch | None = None
         self._in_flight = 0
+        self._flying: deque[Batch] = deque()  # handed off, not settled yet, in order
         self._closed = False
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -174,6 +187,12 @@ class GroupCommit:
     def settle(self, batch: Batch, error: StorageError | None) -> None:
         """Complete ``batch``'s future; called by the backend on the loop thread."""
         self._in_flight -= 1
+        flying = self._flying
+        if flying and flying[0] is batch:
+            flying.popleft()
+        else:
+            with contextlib.suppress(ValueError):
+                flying.remove(batch)
         future = batch.future
         if not future.done():
             if error is None:
@@ -198,7 +217,33 @@ class GroupCommit:
             return
         self._batch = None
         self._in_flight += 1
+        self._flying.append(batch)
         self._hand_off(batch)
+
+    def withdraw(self, stream: str, from_seq: int) -> list[StoredMessage]:
+        """Take the appends of ``stream`` with seq >= ``from_seq`` out of every batch
+        not settled yet (and the one collecting); returns them in sequence order.
+
+        Only while the backend is not committing any of them: from a refusal handler
+        (see :meth:`BatchingStore.on_refused`), during which the writer waits.
+        """
+        taken: list[StoredMessage] = []
+        batches = list(self._flying)
+        if self._batch is not None:
+            batches.append(self._batch)
+        for batch in batches:
+            ops = batch.ops
+            if not any(op[0] == APPEND and op[1] == stream and op[2].seq >= from_seq for op in ops):
+                continue
+            kept: list[Op] = []
+            for op in ops:
+                if op[0] == APPEND and op[1] == stream and op[2].seq >= from_seq:
+                    taken.append(op[2])
+                else:
+                    kept.append(op)
+            ops[:] = kept
+        taken.sort(key=lambda m: m.seq)
+        return taken
 
 
 class BatchingStore(Store):
@@ -210,10 +255,38 @@ class BatchingStore(Store):
 
     def __init__(self) -> None:
         self._group = GroupCommit(self._hand_off)
+        self._refusal_handler: RefusalHandler | None = None
 
     @abstractmethod
     def _hand_off(self, batch: Batch) -> None:
         """Commit ``batch`` and eventually call ``self._group.settle`` for it."""
+
+    def on_refused(self, handler: RefusalHandler) -> None:
+        self._refusal_handler = handler
+
+    def withdraw(self, stream: str, from_seq: int) -> list[StoredMessage]:
+        return self._group.withdraw(stream, from_seq)
+
+    def _refused(self, batch: Batch, refused: list[tuple[Op, str]]) -> bool:
+        """The committer found ops of ``batch`` it can never commit (with why): tell
+        the owner and take them out, so that the rest of the batch can be committed.
+
+        Returns False (the batch then fails whole) when that is not possible: no
+        owner to tell, or an op other than an append is to blame.
+        """
+        handler = self._refusal_handler
+        if handler is None or any(op[0] != APPEND for op, _ in refused):
+            return False
+        by_stream: dict[str, dict[int, str]] = {}
+        for op, reason in refused:
+            if op[0] == APPEND:  # always (checked above); narrows the type
+                by_stream.setdefault(op[1], {})[op[2].seq] = reason
+        handler(by_stream)
+        # The handler withdrew them with what depends on them; make sure they are out.
+        gone = {id(op) for op, _ in refused}
+        if any(id(op) in gone for op in batch.ops):
+            batch.ops[:] = [op for op in batch.ops if id(op) not in gone]
+        return True
 
     async def _drain(self) -> None:
         """Wait until every write made so far has been committed (or has failed)."""
@@ -271,7 +344,22 @@ class Committer(Protocol):
         """Close the write connection."""
 
 
+class Isolating(Protocol):
+    """A :class:`Committer` that can tell which ops a failed commit is to blame on."""
+
+    def find_culprits(self, ops: list[Op], error: BaseException) -> list[tuple[int, str]]:
+        """The indexes in ``ops`` of the ops that cannot be committed, each with why,
+        given that committing ``ops`` failed with ``error``. Empty when the failure is
+        not about the ops (a full disk, an I/O error): then nothing is to blame alone.
+        Leaves nothing applied."""
+
+
 C = TypeVar("C", bound=Committer)
+
+# A batch with culprits is retried without them at most this many times.
+_MAX_REFUSALS = 3
+# How long the writer waits for the loop to take refused writes back.
+_HAND_BACK_TIMEOUT = 30.0
 
 
 class _Job:
@@ -315,8 +403,13 @@ class ThreadCommitter(Generic[C]):
     Batches are committed in submission order. Whatever has queued up while a commit
     was in progress is merged into the next transaction (up to ``max_merge_ops``
     ops). If a merged transaction fails, its batches are retried one by one so that a
-    failure only fails the batch that caused it. Outcomes go back to the loop
-    through ``on_settled``, called on the loop thread once per transaction.
+    failure only fails the batch that caused it. A batch that fails alone, with a
+    committer that is :class:`Isolating` and an ``on_refused`` to call, is committed
+    without the ops to blame: ``on_refused(batch, [(op, why), ...])`` runs on the loop
+    thread while this thread waits, takes them out of the batch (and whatever depends
+    on them out of every batch not committed yet) and returns True; then the batch is
+    committed again. Outcomes go back to the loop through ``on_settled``, called on
+    the loop thread once per transaction.
     """
 
     def __init__(
@@ -326,10 +419,12 @@ class ThreadCommitter(Generic[C]):
         name: str,
         on_settled: Callable[[list[Settled]], None],
         max_merge_ops: int = 65536,
+        on_refused: Callable[[Batch, list[tuple[Op, str]]], bool] | None = None,
     ) -> None:
         self._committer = committer
         self._name = name
         self._on_settled = on_settled
+        self._on_refused = on_refused
         self._max_merge_ops = max_merge_ops
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -440,7 +535,7 @@ class ThreadCommitter(Generic[C]):
             self._committer.commit([batch.ops for batch in batches])
         except Exception as exc:
             if len(batches) == 1:
-                results = [(batches[0], _as_storage_error(exc))]
+                results = [self._without_culprits(batches[0], exc)]
             else:
                 results = [self._commit_alone(batch) for batch in batches]
         else:
@@ -451,8 +546,68 @@ class ThreadCommitter(Generic[C]):
         try:
             self._committer.commit([batch.ops])
         except Exception as exc:
-            return (batch, _as_storage_error(exc))
+            return self._without_culprits(batch, exc)
         return (batch, None)
+
+    def _without_culprits(self, batch: Batch, exc: Exception) -> Settled:
+        """``batch`` failed alone with ``exc``: commit it without the ops to blame, if
+        the committer can name them and the loop takes them back; else it fails."""
+        error = _as_storage_error(exc)
+        find = getattr(self._committer, "find_culprits", None)
+        if find is None or self._on_refused is None:
+            return (batch, error)
+        for _ in range(_MAX_REFUSALS):
+            try:
+                culprits: list[tuple[int, str]] = find(batch.ops, exc)
+            except Exception:
+                log.exception("looking for the writes to blame failed")
+                return (batch, error)
+            if not culprits:
+                return (batch, error)
+            refused = [(batch.ops[i], why) for i, why in culprits]
+            if not self._hand_back(batch, refused):
+                return (batch, error)
+            try:
+                self._committer.commit([batch.ops])
+            except Exception as again:
+                exc = again
+                error = _as_storage_error(again)
+                continue
+            return (batch, None)
+        return (batch, error)
+
+    def _hand_back(self, batch: Batch, refused: list[tuple[Op, str]]) -> bool:
+        """Run ``on_refused`` on the loop thread and wait for it (nothing is committed
+        meanwhile, so it may edit every batch not committed yet)."""
+        on_refused = self._on_refused
+        loop = self._loop
+        if on_refused is None or loop is None:
+            return False
+        done = threading.Event()
+        lock = threading.Lock()
+        answer = [False, False]  # [taken back, given up waiting]
+
+        def run() -> None:
+            with lock:
+                if answer[1]:
+                    return  # too late: the writer went on without it
+                try:
+                    answer[0] = bool(on_refused(batch, refused))
+                except Exception:
+                    log.exception("taking refused writes back failed")
+                finally:
+                    done.set()
+
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError:
+            return False  # the loop is closed
+        if not done.wait(_HAND_BACK_TIMEOUT):
+            with lock:
+                if not done.is_set():
+                    answer[1] = True
+                    return False
+        return answer[0]
 
     def _run_job(self, job: _Job) -> None:
         try:

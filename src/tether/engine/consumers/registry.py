@@ -3,7 +3,9 @@
 The registry listens to the broker (committed and removed messages, stream changes)
 and fans events out to the consumers of the stream. It owns the consumers' storage:
 a consumer's state is written at most once per event-loop tick (the store's group
-commit batches it with everything else of that tick), never per ack. It applies the
+commit batches it with everything else of that tick), never per ack; whoever must
+not answer before a change is durable (an ack with a reply, an HTTP job change)
+waits for that tick's commit (:meth:`ConsumerRegistry.after_save`). It applies the
 ``interest`` and ``workqueue`` retention policies: acked messages are collected during
 a tick and removed through the broker (storage delete plus listeners) at its end.
 """
@@ -16,7 +18,7 @@ import secrets
 import string
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from tether.engine import errors
 from tether.engine.clock import Clock, Timer
@@ -45,6 +47,11 @@ from tether.storage.base import ConsumerRecord, MessageMeta, StorageError, Store
 log = logging.getLogger("tether.consumers")
 
 _NAME_CHARS = string.ascii_letters + string.digits
+# After a state save failed (a full disk), the next try comes this much later at most.
+SAVE_RETRY_SECONDS = 1.0
+
+# Told once a consumer's state is committed (None), or why it could not be.
+SaveWaiter: TypeAlias = Callable[[StorageError | None], None]
 
 
 class StreamOwner(Protocol):
@@ -95,6 +102,9 @@ class ConsumerRegistry:
         self._flush_timer: Timer | None = None
         self._save_after = 0.0
         self._save_timer: Timer | None = None
+        self._save_waiters: list[SaveWaiter] = []
+        self._retry_timer: Timer | None = None
+        self._closing = False
         self._removing = False
         broker.listeners.append(self)
         for stream in broker.streams.values():
@@ -288,6 +298,18 @@ class ConsumerRegistry:
     def consumer_acked(self, consumer: Consumer, seqs: list[int]) -> None:
         self._retire(consumer.stream, seqs)
 
+    def after_save(self, consumer: Consumer, done: SaveWaiter) -> None:
+        """Call ``done(None)`` once ``consumer``'s state as it is now is committed, or
+        ``done(error)`` if that commit fails. The state is saved in this tick's batch
+        (with every other change of the tick), even if it did not change: the last
+        save may still be in flight, or may have failed."""
+        if consumer.deleted or consumer.config.mem_storage:
+            done(None)  # nothing is kept: nothing to wait for
+            return
+        self._dirty[id(consumer)] = consumer
+        self._save_waiters.append(done)
+        self._schedule()
+
     def consumer_inactive(self, consumer: Consumer) -> None:
         log.debug("consumer %s > %s inactive, deleting", consumer.stream.name, consumer.name)
         fut = self._remove(consumer)
@@ -311,7 +333,7 @@ class ConsumerRegistry:
                 swept = self.broker.streams.get(name)
                 if swept is not None:
                     self._retain(swept, list(swept.seqs(swept.first_seq)))
-        if not self._dirty:
+        if not self._dirty and not self._save_waiters:
             return
         wait = self._save_after - time.monotonic()
         if wait > 0:
@@ -327,17 +349,45 @@ class ConsumerRegistry:
     def _save(self) -> None:
         started = time.perf_counter()
         dirty, self._dirty = self._dirty, {}
+        waiters, self._save_waiters = self._save_waiters, []
         store = self.store
+        saved: list[Consumer] = []
         for consumer in dirty.values():
             if consumer.deleted or consumer.config.mem_storage:
                 continue
             state = encode_state(consumer.save())
-            fut = store.put_consumer_state(consumer.stream.name, consumer.name, state)
-            fut.add_done_callback(_log_failure)
+            store.put_consumer_state(consumer.stream.name, consumer.name, state)
+            saved.append(consumer)
+        if saved or waiters:
+            # This tick's commit: it holds every state written above.
+            store.flush().add_done_callback(lambda fut: self._saved(fut, saved, waiters))
         # A huge state (hundreds of thousands of unacked messages) costs real time to
         # encode: space such writes out so that saving stays a few percent of the loop.
         took = time.perf_counter() - started
         self._save_after = time.monotonic() + min(took * 20, 1.0) if took > 0.005 else 0.0
+
+    def _saved(
+        self, fut: asyncio.Future[None], saved: list[Consumer], waiters: list[SaveWaiter]
+    ) -> None:
+        exc = fut.exception() if not fut.cancelled() else StorageError("cancelled")
+        error: StorageError | None = None
+        if exc is not None:
+            error = exc if isinstance(exc, StorageError) else StorageError(str(exc))
+            log.error("saving consumer state failed: %s", error)
+            # The states in memory are ahead of the stored ones: save them again (at the
+            # next change, or after a pause, so that a full disk is not retried in a loop).
+            for consumer in saved:
+                if not consumer.deleted:
+                    self._dirty[id(consumer)] = consumer
+            if self._retry_timer is None and not self._closing:
+                self._retry_timer = self.clock.call_later(SAVE_RETRY_SECONDS, self._retry)
+        for done in waiters:
+            done(error)
+
+    def _retry(self) -> None:
+        self._retry_timer = None
+        if self._dirty:
+            self._schedule()
 
     def _retain(self, stream: Stream, seqs: list[int]) -> None:
         if self.broker.streams.get(stream.name) is not stream:
@@ -361,10 +411,12 @@ class ConsumerRegistry:
 
     async def close(self) -> None:
         """Save every consumer's state (clean shutdown) and stop the timers."""
-        for timer in (self._flush_timer, self._save_timer):
+        self._closing = True
+        for timer in (self._flush_timer, self._save_timer, self._retry_timer):
             if timer is not None:
                 timer.cancel()
         self._save_timer = None
+        self._retry_timer = None
         self._save_after = 0.0
         for consumers in self.streams.values():
             for consumer in consumers.values():

@@ -47,6 +47,7 @@ from tether.engine.jobs.registry import (
 )
 from tether.engine.jobs.view import JobSettings, JobView, engine_config
 from tether.engine.streams import Stream
+from tether.storage.base import StorageError
 
 log = logging.getLogger("tether.webhook")
 
@@ -109,6 +110,7 @@ class WebhookService:
         self._reserved: set[tuple[str, str]] = set()
         self._dirty: set[tuple[str, str]] = set()
         self._flush_timer: Timer | None = None
+        self._flush_waiters: list[asyncio.Future[StorageError | None]] = []
         self._sched_timer: Timer | None = None
         self._index_tasks: set[asyncio.Task[None]] = set()
         # Set by the server: a consumer has ready jobs / a consumer was added or changed.
@@ -208,6 +210,34 @@ class WebhookService:
             view = self.views.get(key)
             if consumer is not None and view is not None:
                 self.registry.put_consumer_state(consumer, view.encode())
+        waiters, self._flush_waiters = self._flush_waiters, []
+        if waiters:
+            # This tick's commit: it holds every state written above.
+            self.broker.store.flush().add_done_callback(lambda fut: _tell(fut, waiters))
+
+    async def committed(self, k: Consumer) -> StorageError | None:
+        """Wait until the jobs of ``k`` are stored as they are now (the durable
+        consumer's state and the job extras, each in the commit of this tick or the
+        next); returns why not if a commit fails (None when all is stored).
+
+        Every request waiting in the same tick shares those commits.
+        """
+        loop = asyncio.get_running_loop()
+        waits: list[asyncio.Future[StorageError | None]] = []
+        view = self.views.get((k.channel, k.id))
+        if view is not None and not view.closed:
+            engine: asyncio.Future[StorageError | None] = loop.create_future()
+            self.consumers.after_save(view.consumer, lambda error: _resolve(engine, error))
+            waits.append(engine)
+        if (k.channel, k.id) in self._dirty:
+            extras: asyncio.Future[StorageError | None] = loop.create_future()
+            self._flush_waiters.append(extras)
+            waits.append(extras)
+        for wait in waits:
+            error = await wait
+            if error is not None:
+                return error
+        return None
 
     # -- broker listener ---------------------------------------------------------------------------
     def _channel_of(self, stream: Stream) -> str | None:
@@ -414,6 +444,12 @@ class WebhookService:
                 raise result
             self.counters.duplicates += 1
             raise DuplicateMessage(message_id)
+        if result.seq != seq:
+            # Stored again at another sequence (a neighbour in its commit was refused).
+            if seq and id_of.get(seq) == message_id:
+                del id_of[seq]
+            ids[message_id] = result.seq
+            id_of[result.seq] = message_id
         self.counters.broadcasts += 1
         return result.seq
 
@@ -478,3 +514,16 @@ class WebhookService:
             s.dispatched_ns = self.clock.now()
             await self.registry.put_scheduled(s)
         self._arm_scheduler()
+
+
+def _resolve(fut: asyncio.Future[StorageError | None], error: StorageError | None) -> None:
+    if not fut.done():
+        fut.set_result(error)
+
+
+def _tell(fut: asyncio.Future[None], waiters: list[asyncio.Future[StorageError | None]]) -> None:
+    """Pass a commit's outcome to the requests waiting for it."""
+    exc = fut.exception() if not fut.cancelled() else StorageError("cancelled")
+    error = None if exc is None else exc if isinstance(exc, StorageError) else StorageError(exc)
+    for waiter in waiters:
+        _resolve(waiter, error)

@@ -29,6 +29,8 @@ EXPECTED_LAST_MSG_ID = b"Nats-Expected-Last-Msg-Id"
 ROLLUP = b"Nats-Rollup"
 MSG_TTL = b"Nats-TTL"
 PRIORITY = b"Tether-Priority"
+# What a Tether-Priority value may be: what the store holds (a signed 64-bit integer).
+PRIORITY_RANGE = "must be a decimal integer from -9223372036854775808 to 9223372036854775807"
 
 
 class StreamState:
@@ -64,6 +66,9 @@ class Stream:
         # The msg id of the last message (for Nats-Expected-Last-Msg-Id).
         self.last_msg_id = ""
         self.consumer_count = 0
+        # The highest sequence storage is known to hold as its high-water mark (loaded,
+        # or committed since): numbering never goes back below it (see :meth:`forget`).
+        self.durable_seq = 0
 
     # -- loading -------------------------------------------------------------------------
     def start_empty(self) -> None:
@@ -74,6 +79,7 @@ class Stream:
             st.last_seq = st.first_seq - 1
         else:
             st.first_seq = st.last_seq = 0
+        self.durable_seq = st.last_seq
 
     def load(self, index: Iterable[MessageMeta], last_seq: int) -> None:
         """Rebuild the index from storage; ``last_seq`` is the stored high-water mark."""
@@ -86,6 +92,7 @@ class Stream:
                 self.start_empty()
             else:
                 st.first_seq = st.last_seq + 1
+        self.durable_seq = st.last_seq
 
     def remember_msg_id(self, msg_id: str, seq: int, ts: int) -> None:
         """Restore a dedup entry after restart (only ids still inside the window)."""
@@ -285,22 +292,27 @@ class Stream:
     ) -> None:
         """Optimistic-concurrency headers checked before dedup, in nats-server's order.
 
-        A value that is not a number never matches (nats-server parses it as -1). A
-        per-message TTL (``Nats-TTL``) is refused: this server does not expire single
-        messages (without ``allow_msg_ttl`` the error is nats-server's).
+        A value that is not a number (ASCII digits, within int64) never matches
+        (nats-server parses it as -1). A per-message TTL (``Nats-TTL``) is refused: this
+        server does not expire single messages (without ``allow_msg_ttl`` the error is
+        nats-server's); a TTL of zero (``00``) means none, as there. Values are
+        compared as bytes, so one that is not UTF-8 simply does not match.
         """
-        if expected_stream and expected_stream.decode() != self.name:
+        if expected_stream and expected_stream != self.name.encode():
             raise errors.expected_stream_mismatch()
         if msg_ttl:
-            if message_ttl(msg_ttl.decode(errors="replace")) is None:
+            ttl = message_ttl(msg_ttl.decode(errors="replace"))
+            if ttl is None:
                 raise errors.msg_ttl_invalid()
-            if self.config.allow_msg_ttl:
-                raise errors.msg_ttl_not_supported()
-            raise errors.msg_ttl_disabled()
+            if ttl:
+                if self.config.allow_msg_ttl:
+                    raise errors.msg_ttl_not_supported()
+                raise errors.msg_ttl_disabled()
         if expected_subj_seq is not None:
             on = subject
             if expected_subj_seq_subject:
-                on = expected_subj_seq_subject.decode()
+                # Subjects are read off the wire the same way.
+                on = expected_subj_seq_subject.decode("utf-8", "surrogateescape")
             have = self.last_by_subject(on)
             if _int_header(expected_subj_seq) != have:
                 raise errors.wrong_last_sequence(have)
@@ -311,7 +323,7 @@ class Stream:
 
     def check_last_msg_id(self, expected_last_msg_id: bytes) -> None:
         """``Nats-Expected-Last-Msg-Id`` (checked after dedup, as nats-server does)."""
-        if expected_last_msg_id.decode() != self.last_msg_id:
+        if expected_last_msg_id != self.last_msg_id.encode():
             raise errors.wrong_last_msg_id(self.last_msg_id)
 
     def check_size(self, headers_len: int, payload_len: int) -> None:
@@ -480,23 +492,30 @@ class Stream:
         return self._msgs[self.state.first_seq].ts + self.config.max_age
 
     def forget(self, seq: int, msg_id: str) -> None:
-        """Undo :meth:`append` for a message whose commit failed.
+        """Undo :meth:`append` for a message whose commit failed (or that is taken back
+        to be stored again).
 
-        Called newest first: a failed tail gives its sequences back, so numbering stays
-        what storage has (as after a restart).
+        The sequences at the end that storage does not hold are given back, down to the
+        last live message or :attr:`durable_seq`, so numbering stays what storage has
+        (as after a restart), whatever order the failed commits are reported in.
         """
         self.remove(seq)
-        st = self.state
-        if seq == st.last_seq:
-            st.last_seq -= 1
-            if not st.msgs:
-                st.first_seq = st.last_seq + 1 if st.last_seq > 0 else 0
         if msg_id:
             hit = self._dedup.get(msg_id)
             if hit is not None and hit[0] == seq:
                 del self._dedup[msg_id]
             if self.last_msg_id == msg_id:
                 self.last_msg_id = ""
+        st = self.state
+        order = self._order
+        msgs = self._msgs
+        while order and order[-1] not in msgs:
+            order.pop()  # taken back: a sequence given back is appended again
+        last = max(order[-1] if order else 0, self.durable_seq)
+        if last < st.last_seq:
+            st.last_seq = last
+            if not st.msgs:
+                st.first_seq = last + 1 if last > 0 else 0
 
     def remove(self, seq: int) -> MessageMeta | None:
         meta = self._msgs.pop(seq, None)
@@ -543,6 +562,8 @@ class Stream:
                 # Compacting past the end moves the numbering forward, as nats-server does.
                 st.first_seq = up_to_seq
                 st.last_seq = up_to_seq - 1
+                # The broker stores this numbering as a high-water mark of its own.
+                self.durable_seq = max(self.durable_seq, st.last_seq)
         return candidates
 
     def rollup(self, subject: str, mode: str) -> list[int]:
@@ -552,7 +573,7 @@ class Stream:
         return self.purge()
 
 
-_DURATION_PART = r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)"
+_DURATION_PART = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h)"
 _DURATION = re.compile(f"(?:{_DURATION_PART})+")
 _UNIT_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9}
 
@@ -570,15 +591,39 @@ def message_ttl(value: str) -> int | None:
             float(number) * _UNIT_NS.get(unit, 3600 * 10**9)
             for number, unit in re.findall(_DURATION_PART, text)
         )
-        return None if total < 10**9 else int(total // 10**9)
-    if value.isdigit():
-        return int(value)
-    return None
+        # Go refuses a duration that overflows int64 nanoseconds, then reads the
+        # value as digits, which it is not: invalid either way.
+        return None if total < 10**9 or total > INT64_MAX else int(total // 10**9)
+    return parse_uint(value.encode())
+
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+
+def parse_uint(raw: bytes) -> int | None:
+    """``raw`` as a non-negative integer that fits a signed 64-bit one, or None.
+
+    Strict, as nats-server reads numbers in headers: ASCII digits only (``bytes.isdigit``
+    knows no others), no sign, space or underscore, which ``int()`` would accept.
+    """
+    if not raw or len(raw) > 19 or not raw.isdigit():
+        return None
+    value = int(raw)
+    return value if value <= INT64_MAX else None
+
+
+def parse_priority(raw: bytes) -> int | None:
+    """A ``Tether-Priority`` value: a decimal integer, optionally negative, that the
+    store can hold (signed 64-bit), else None."""
+    digits = raw[1:] if raw[:1] == b"-" else raw
+    if not digits or len(digits) > 19 or not digits.isdigit():
+        return None
+    value = int(raw)
+    return value if INT64_MIN <= value <= INT64_MAX else None
 
 
 def _int_header(raw: bytes) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        return -1
-    return value if value >= 0 else -1
+    """An expected-sequence header: a number that is not one never matches (-1)."""
+    value = parse_uint(raw)
+    return -1 if value is None else value

@@ -106,6 +106,15 @@ def routes(api: Api) -> list[Route]:
             out.append(item)
         return out
 
+    async def stored(k: Consumer) -> Response | None:
+        """None once the job changes just made are committed (a 2xx means stored, as a
+        PubAck does); a 503 saying so when they could not be (a full disk)."""
+        error = await service.committed(k)
+        if error is None:
+            return None
+        cause = error.__cause__ if error.__cause__ is not None else error
+        return text(503, f"the job change could not be stored ({cause}): retry it")
+
     async def queued_jobs(request: Request) -> Response:
         k = pull_consumer(
             api, request, request.path_params["channelId"], request.path_params["consumerId"]
@@ -171,7 +180,7 @@ def routes(api: Api) -> list[Route]:
             jobs_view.transition(seq, change.NextState, change.IncrementalTimeout)
         except (ValueError, JobError) as exc:
             return text(400, str(exc))
-        return Response(status_code=202)
+        return await stored(k) or Response(status_code=202)
 
     async def requeue_dead_job(request: Request) -> Response:
         found = await _job_route(request)
@@ -180,7 +189,7 @@ def routes(api: Api) -> list[Route]:
         k, seq = found
         if not service.jobs(k).requeue_dead(seq):
             return text(400, NOT_DEAD)
-        return Response(status_code=202)
+        return await stored(k) or Response(status_code=202)
 
     async def delete_dead_job(request: Request) -> Response:
         k = pull_consumer(
@@ -197,7 +206,7 @@ def routes(api: Api) -> list[Route]:
             return text(404, "job could not be found")
         if not service.jobs(k).delete_dead(seq):
             return text(404, "job is not dead")
-        return Response(status_code=204)
+        return await stored(k) or Response(status_code=204)
 
     async def dlq(request: Request) -> Response:
         cid, kid = request.path_params["channelId"], request.path_params["consumerId"]
@@ -205,7 +214,8 @@ def routes(api: Api) -> list[Route]:
             k = pull_consumer(api, request, cid, kid, pull=False)
             if isinstance(k, Response):
                 return k
-            return json({"deletedCount": service.jobs(k).delete_all_dead()})
+            deleted = service.jobs(k).delete_all_dead()
+            return await stored(k) or json({"deletedCount": deleted})
         if request.method == "POST" and not is_form(request):
             return text(415, UNSUPPORTED_MEDIA)
         found = service.registry.consumers.get((cid, kid))
@@ -217,7 +227,7 @@ def routes(api: Api) -> list[Route]:
             if form is None or not verify_token(form.get("requeue"), found.token_hash):
                 return text(400, "`requeue` form param must match consumer token")
             jobs_view.requeue_all_dead()
-            return Response(status_code=202)
+            return await stored(found) or Response(status_code=202)
         dead = jobs_view.dead()
         page, links = paginate(request, dead, lambda j: (job_id(found, j.seq), j.changed))
         views = {v.seq: v for v in await service.read_many(cid, [j.seq for j in page])}
@@ -274,6 +284,8 @@ def routes(api: Api) -> list[Route]:
                 api.waiters.get(key, set()).discard(fut)
             jobs = jobs_view.claim(limit, timeout or None)
         service.counters.claimed += len(jobs)
+        if jobs and (failed := await stored(k)) is not None:
+            return failed  # in flight in memory: they come back when their deadline passes
         return json({"Result": await jobs_body(k, jobs, with_deadline=True)})
 
     async def touch(request: Request) -> Response:
@@ -286,7 +298,7 @@ def routes(api: Api) -> list[Route]:
             deadline = service.jobs(k).touch(seq, touched.IncrementalTimeout)
         except (ValueError, JobError) as exc:
             return text(400, str(exc))
-        return json({"Deadline": rfc3339(deadline)})
+        return await stored(k) or json({"Deadline": rfc3339(deadline)})
 
     async def bulk(request: Request) -> Response:
         k = pull_consumer(
@@ -313,7 +325,7 @@ def routes(api: Api) -> list[Route]:
                 results.append({"ID": jid, "Status": 202, "Error": ""})
             except JobError as exc:
                 results.append({"ID": jid, "Status": 400, "Error": str(exc)})
-        return json({"Results": results})
+        return await stored(k) or json({"Results": results})
 
     base = "/channel/{channelId}/consumer/{consumerId}"
     return [

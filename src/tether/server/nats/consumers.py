@@ -48,8 +48,9 @@ from tether.server.nats.jetstream import (
     parse_rfc3339,
     rfc3339,
 )
+from tether.server.nats.router import Router
 from tether.server.nats.subscriptions import Client, ClientSubscription, InternalSubscription
-from tether.storage.base import MessageMeta, StoredMessage
+from tether.storage.base import MessageMeta, StorageError, StoredMessage
 
 if TYPE_CHECKING:
     from tether.server.nats.server import NatsServer
@@ -377,7 +378,9 @@ class ConsumerApi:
         else:
             return
         if reply:
-            self.router.publish(None, reply, "", None, b"")
+            # Answered once the consumer's state holding the ack is committed, or with
+            # an error status if it cannot be (a full disk): never a success before.
+            self.registry.after_save(consumer, _AckReply(self.router, reply))
 
     def _on_acks(self, subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
         """``_on_ack`` for each of a batch of acks, in order; plain ``+ACK``s without a
@@ -592,6 +595,31 @@ class ConsumerApi:
                 del self._outboxes[id(consumer)]
         if not consumer.deleted:
             consumer.sink_drained()
+
+
+class _AckReply:
+    """The answer to an ack with a reply subject, once its consumer's state is saved.
+
+    Success is an empty message, as from nats-server. A failed save is a ``503``
+    status with an empty body, which clients take as a failed request (nats-py's
+    ``ack_sync`` raises ``NoRespondersError``, nats.go's ``AckSync`` returns
+    ``ErrNoResponders``) rather than an acknowledgement; the status line says why.
+    """
+
+    __slots__ = ("reply", "router")
+
+    def __init__(self, router: Router, reply: str) -> None:
+        self.router = router
+        self.reply = reply
+
+    def __call__(self, error: StorageError | None) -> None:
+        if error is None:
+            self.router.publish(None, self.reply, "", None, b"")
+            return
+        cause = error.__cause__ if error.__cause__ is not None else error
+        why = " ".join(str(cause).split())  # one line
+        block = b"NATS/1.0 503 ack not stored: " + why.encode("utf-8", "replace") + b"\r\n\r\n"
+        self.router.publish(None, self.reply, "", block, b"")
 
 
 def _nak_delay(arg: bytes) -> int:
