@@ -37,6 +37,7 @@ from typing import Any
 
 _LISTEN = re.compile(rb"Listening for client connections on (\S+):(\d+)")
 _HTTP = re.compile(rb"Starting http monitor on (\S+):(\d+)")
+_NSQ = re.compile(rb"Listening for NSQ clients on (\S+):(\d+)")
 _READY = b"Server is ready"
 
 
@@ -70,6 +71,7 @@ class RunningServer:
         self.host = "127.0.0.1"
         self.port = 0
         self.http_port = 0
+        self.nsq_port = 0  # nsqd's TCP protocol, on a free port unless args say
         self.proc: subprocess.Popen[bytes] | None = None
         self._stderr: list[bytes] = []
         self._reader: threading.Thread | None = None
@@ -101,6 +103,8 @@ class RunningServer:
             str(port),
             "--http-port",
             str(http_port),
+            "--nsq-port",
+            str(self.nsq_port or -1),
             "--store",
             self.store,
             *self.args,
@@ -137,6 +141,8 @@ class RunningServer:
                 self.port = int(m.group(2))
             elif m := _HTTP.search(line):
                 self.http_port = int(m.group(2))
+            elif m := _NSQ.search(line):
+                self.nsq_port = int(m.group(2))
             elif _READY in line:
                 ready.set()
         ready.set()  # process ended: wake the waiter, which sees no port / dead process

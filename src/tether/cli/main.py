@@ -68,6 +68,10 @@ def serve(
         int | None,
         typer.Option(help="HTTP port for /healthz, /varz, 0-65535 (-1 or 0 picks a free one)."),
     ] = None,
+    nsq_port: Annotated[
+        int | None,
+        typer.Option(help="NSQ (nsqd TCP) port, default 4150; 0 turns it off, -1 picks one."),
+    ] = None,
     store: Annotated[
         str | None,
         typer.Option(help="Storage: sqlite:DIR (default sqlite:./tether-data) or memory."),
@@ -110,6 +114,7 @@ def serve(
         "host": host,
         "port": port,
         "http_port": http_port,
+        "nsq_port": nsq_port,
         "store": store if store is not None else (f"sqlite:{store_dir}" if store_dir else None),
         "sync": sync,
         "auth_token": auth_token,
@@ -129,7 +134,12 @@ def serve(
         raise typer.Exit(2) from None
     _setup_logging(cfg.log_level)
     busy = _port_in_use(
-        cfg.host, {"the NATS port, --port": cfg.port, "the HTTP port, --http-port": cfg.http_port}
+        cfg.host,
+        {
+            "the NATS port, --port": cfg.port,
+            "the HTTP port, --http-port": cfg.http_port,
+            "the NSQ port, --nsq-port": cfg.nsq_port,
+        },
     )
     if busy:
         logging.getLogger("tether").error("cannot start: %s", busy)

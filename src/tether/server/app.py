@@ -22,6 +22,7 @@ from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.jetstream import JetStreamApi
 from tether.server.nats.server import NatsServer
 from tether.server.nats.stream_read import StreamReadApi
+from tether.server.nsq.server import NsqServer
 from tether.storage import Store, open_store
 
 log = logging.getLogger("tether")
@@ -44,6 +45,8 @@ class Tether:
         self.stream_read: StreamReadApi | None = None
         self.webhooks: WebhookService | None = None
         self.webhook_front: webhook_api.WebhookFront | None = None
+        self.nsq: NsqServer | None = None
+        self.nsq_port = 0
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -73,6 +76,11 @@ class Tether:
         self.webhook_front = webhook_api.build(self.webhooks, cfg)
         await webhook_api.apply_seed(self.webhooks, cfg.webhook_seed)
         self.webhook_front.start()
+        if cfg.nsq_port:
+            self.nsq = NsqServer(cfg, self.broker, self.consumers)
+            await self.nsq.start()
+            self.nsq_port = self.nsq.port
+            log.info("Listening for NSQ clients on %s:%d", cfg.host, self.nsq_port)
 
         def gateway(app: AsgiApp) -> GatewayMiddleware:
             return GatewayMiddleware(
@@ -118,6 +126,8 @@ class Tether:
             await self.consumer_api.stop()
         if self.stream_read is not None:
             await self.stream_read.stop()
+        if self.nsq is not None:
+            await self.nsq.stop()
         if self.consumers is not None:
             await self.consumers.close()
         if self.broker is not None:

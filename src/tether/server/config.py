@@ -91,6 +91,22 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     http_body_timeout: float = 60.0  # seconds between two reads of a body → 408
     http_idle_timeout: float = 75.0  # seconds a kept-alive connection may sit idle
     http_max_connections: int = 1024  # connections at once; requests past it get 503
+    # -- NSQ: nsqd's TCP protocol V2 (src/tether/engine/nsq/service.py) ---------------------
+    nsq_port: int = 4150  # 0 turns the NSQ front door off; -1 picks a free port
+    nsq_max_msg_size: int = MiB  # largest message of a PUB, DPUB or MPUB
+    nsq_max_body_size: int = 5 * MiB  # largest body of an MPUB, IDENTIFY or AUTH
+    nsq_max_rdy_count: int = 2500  # largest RDY a client may send
+    nsq_msg_timeout: float = 60.0  # seconds a message waits for FIN before redelivery
+    nsq_max_msg_timeout: float = 900.0  # most a client may ask for (msg_timeout, TOUCH)
+    nsq_max_req_timeout: float = 3600.0  # longest REQ delay (longer ones are clamped) and DPUB
+    nsq_heartbeat_interval: float = 30.0  # seconds between heartbeats unless IDENTIFY says
+    nsq_max_heartbeat_interval: float = 60.0  # most a client may ask for
+    nsq_max_output_buffer_size: int = 64 * 1024  # most a client may ask for (accepted only)
+    nsq_max_output_buffer_timeout: float = 30.0  # most a client may ask for (accepted only)
+    nsq_mem_queue_size: int = 10_000  # messages an #ephemeral topic keeps (the oldest go)
+    nsq_deflate: bool = True  # offer deflate compression in IDENTIFY
+    nsq_max_deflate_level: int = 6
+    nsq_snappy: bool = True  # offer snappy compression in IDENTIFY
 
     @property
     def auth_required(self) -> bool:
@@ -148,7 +164,7 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
             return f"--{key.replace('_', '-')} {value}"
         return f"{path}: {key} = {value!r}" if path else f"{key} = {value!r}"
 
-    for key in ("port", "http_port"):
+    for key in ("port", "http_port", "nsq_port"):
         if not -1 <= getattr(cfg, key) <= 65535:
             raise ValueError(f"{source(key)}: not a port: expected {PORT_RANGE}")
     if cfg.port > 0 and cfg.port == cfg.http_port:

@@ -1,0 +1,120 @@
+"""Deferred publishes (``DPUB``): kept durably until due, then published to their topic.
+
+nsqd holds a deferred message in each channel's memory; here it is a record in the
+store (a consumer record of the reserved pseudo stream :data:`DEFERRED_STREAM`, whose
+name no real stream can take, so this needs nothing new of the storage interface) and
+enters the topic's stream when due. Publishing it and deleting its record happen in
+the same loop tick, hence the same group commit: a crash neither loses it nor
+publishes it twice. It is readable over NATS from then on, like any message of the
+topic, and stamped with the time it was published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from tether.engine.clock import Clock, Timer
+from tether.storage.base import ConsumerRecord, StorageError, Store
+
+log = logging.getLogger("tether.nsq")
+
+DEFERRED_STREAM = "$tether.nsq.deferred"  # not a valid stream name: cannot collide
+NS = 1_000_000_000
+
+
+class _Record(msgspec.Struct, array_like=True):
+    topic: str
+    due_ns: int
+    body: bytes
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(_Record).decode
+
+# Publishes a body to a topic (creating the topic if needed); done in the caller's tick.
+Publisher = Callable[[str, bytes], Awaitable[Callable[[], None]]]
+
+
+class DeferredPublishes:
+    """Messages waiting for their time, earliest first."""
+
+    def __init__(self, store: Store, clock: Clock, publish: Publisher) -> None:
+        self.store = store
+        self.clock = clock
+        self._publish = publish
+        self._due: list[tuple[int, str, _Record]] = []
+        self._timer: Timer | None = None
+        self._timer_at = 0
+        self._counter = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    async def load(self) -> None:
+        for record in await self.store.load_consumers(DEFERRED_STREAM):
+            try:
+                entry = _decode(record.config)
+            except msgspec.DecodeError:
+                log.error("deferred message %s: unreadable record, dropped", record.name)
+                continue
+            heapq.heappush(self._due, (entry.due_ns, record.name, entry))
+        self._arm()
+
+    async def add(self, topic: str, body: bytes, delay_ns: int) -> None:
+        """Keep ``body`` for ``topic`` until ``delay_ns`` from now; returns once durable."""
+        now = self.clock.now()
+        entry = _Record(topic, now + delay_ns, body)
+        name = f"{entry.due_ns:020d}-{next(self._counter)}-{now}"
+        record = ConsumerRecord(DEFERRED_STREAM, name, _encode(entry), b"", now)
+        await self.store.put_consumer(record)
+        heapq.heappush(self._due, (entry.due_ns, name, entry))
+        self._arm()
+
+    def _arm(self) -> None:
+        if not self._due:
+            return
+        due = self._due[0][0]
+        if self._timer is not None:
+            if self._timer_at <= due:
+                return
+            self._timer.cancel()
+        self._timer_at = due
+        self._timer = self.clock.call_later(max(0, due - self.clock.now()) / NS, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = self.clock.now()
+        while self._due and self._due[0][0] <= now:
+            _, name, entry = heapq.heappop(self._due)
+            task = asyncio.ensure_future(self._release(name, entry))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._arm()
+
+    async def _release(self, name: str, entry: _Record) -> None:
+        try:
+            publish = await self._publish(entry.topic, entry.body)
+        except Exception as exc:  # the topic could not be created: try again later
+            log.error("deferred message for %s: %s; retrying in 1s", entry.topic, exc)
+            heapq.heappush(self._due, (self.clock.now() + NS, name, entry))
+            self._arm()
+            return
+        publish()
+        try:
+            await self.store.delete_consumer(DEFERRED_STREAM, name)
+        except StorageError as exc:
+            log.error("deferred message for %s: %s", entry.topic, exc)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in self._tasks:
+            task.cancel()
