@@ -84,6 +84,8 @@ def environment() -> dict[str, str]:
     }
     env["PATH"] = os.pathsep.join(path)
     env["PYTHONUNBUFFERED"] = "1"
+    # Short-lived JVMs start about twice as fast without the optimizing JIT compiler.
+    env["JAVA_TOOL_OPTIONS"] = f"{env.get('JAVA_TOOL_OPTIONS', '')} -XX:TieredStopAtLevel=1".strip()
     return env
 
 
