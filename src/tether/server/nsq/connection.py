@@ -67,7 +67,7 @@ class NsqError(Exception):
 
     def __init__(self, code: bytes, text: bytes) -> None:
         super().__init__(code, text)
-        self.data = code + b" " + text
+        self.data = code + b" " + text if text else code
         self.fatal = code not in errors.NON_FATAL
 
 
