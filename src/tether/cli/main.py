@@ -16,6 +16,10 @@ import typer
 
 from tether.cli._typer import CONTEXT, MARKUP, ClickError, Command, Group, report
 from tether.cli.aliases import normalize
+from tether.cli.consumer import consumer_app
+from tether.cli.context import context_app
+from tether.cli.server import server_app
+from tether.cli.stream import stream_app
 from tether.version import __version__
 
 app = typer.Typer(
@@ -197,8 +201,18 @@ def version() -> None:
     typer.echo(__version__)
 
 
+app.add_typer(stream_app, name="stream")
+app.add_typer(consumer_app, name="consumer")
+app.add_typer(server_app, name="server")
+app.add_typer(context_app, name="context")
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = normalize(list(sys.argv[1:] if argv is None else argv)) or ["--help"]
+    args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
+    if args[0] == "serve":
+        # nats-server's spellings are for launching a server; the other commands keep
+        # their own short flags (-n, -s, -f ...).
+        args = [args[0], *normalize(args[1:])]
     try:
         code = app(args=args, prog_name="tether", standalone_mode=False)
     except ClickError as exc:

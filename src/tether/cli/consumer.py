@@ -1,0 +1,389 @@
+"""``tether consumer``: list, create, inspect, change and drive consumers, and Tether's
+dead letters.
+
+The numbers an operator looks for first are highlighted in ``info``: how far behind
+the consumer is (pending), what is out and unacknowledged, what was redelivered, and
+how many pulls are waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli.output import count, emit_json, pairs, table
+from tether.cli.remote import (
+    ContextOpt,
+    JsonOpt,
+    PasswordOpt,
+    ServerOpt,
+    Target,
+    TokenOpt,
+    UserOpt,
+    fail,
+    run,
+)
+from tether.cli.stream import api, load_json_file
+from tether.client import Connection, JsMsg, Timeout
+
+consumer_app = typer.Typer(
+    name="consumer",
+    help="Consumers: ls, add, info, edit, rm, next, pause, resume.",
+    cls=Group,
+    no_args_is_help=True,
+    context_settings=CONTEXT,
+    rich_markup_mode=MARKUP,
+)
+
+StreamArg = Annotated[str, typer.Argument(help="Stream name.")]
+NameArg = Annotated[str, typer.Argument(help="Consumer name.")]
+
+
+def _rows(info: dict[str, Any]) -> list[tuple[str, Any]]:
+    cfg = info.get("config", {})
+    delivered, floor = info.get("delivered", {}), info.get("ack_floor", {})
+    pull = not cfg.get("deliver_subject")
+    rows: list[tuple[str, Any]] = [
+        ("Stream", info.get("stream_name", "")),
+        ("Kind", "pull" if pull else f"push to {cfg.get('deliver_subject')}"),
+        ("Ack policy", cfg.get("ack_policy", "")),
+        ("Ack wait", f"{cfg.get('ack_wait', 0) / 1e9:g}s"),
+        ("Max deliver", cfg.get("max_deliver", -1)),
+        ("Max ack pending", cfg.get("max_ack_pending", -1)),
+        ("Filter", cfg.get("filter_subject") or cfg.get("filter_subjects") or ">"),
+        ("Created", info.get("created", "")),
+        ("Last delivered", f"stream seq {delivered.get('stream_seq', 0)}"),
+        ("Ack floor", f"stream seq {floor.get('stream_seq', 0)}"),
+        ("[bold yellow]Pending (lag)[/]", count(info.get("num_pending", 0))),
+        ("[bold yellow]Ack pending[/]", count(info.get("num_ack_pending", 0))),
+        ("[bold yellow]Redelivered[/]", count(info.get("num_redelivered", 0))),
+    ]
+    if pull:
+        rows.append(("[bold yellow]Waiting pulls[/]", info.get("num_waiting", 0)))
+    if info.get("paused"):
+        rows.append(("[bold red]Paused[/]", f"{info.get('pause_remaining', 0) / 1e9:.0f}s left"))
+    return rows
+
+
+@consumer_app.command("ls", cls=Command)
+def ls(
+    stream: StreamArg,
+    as_json: JsonOpt = False,
+    server: ServerOpt = None,
+    user: UserOpt = None,
+    password: PasswordOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """List a stream's consumers with their lag."""
+
+    async def work(conn: Connection) -> list[dict[str, Any]]:
+        infos: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            page = await api(conn, f"CONSUMER.LIST.{stream}", {"offset": offset})
+            items = page.get("consumers") or []
+            infos.extend(items)
+            offset += len(items)
+            if not items or offset >= int(page.get("total", 0)):
+                return infos
+
+    infos = run(Target(server, user, password, token, context), work)
+    if as_json:
+        emit_json(infos)
+        return
+    table(
+        f"Consumers of {stream} ({len(infos)})",
+        ["Name", "Kind", "Pending", "Ack pending", "Redelivered", "Waiting"],
+        [
+            (
+                i["name"],
+                "push" if i["config"].get("deliver_subject") else "pull",
+                count(i.get("num_pending", 0)),
+                count(i.get("num_ack_pending", 0)),
+                count(i.get("num_redelivered", 0)),
+                i.get("num_waiting", 0),
+            )
+            for i in sorted(infos, key=lambda i: i["name"])
+        ],
+    )
+
+
+@consumer_app.command("info", cls=Command)
+def info(
+    stream: StreamArg,
+    name: NameArg,
+    as_json: JsonOpt = False,
+    server: ServerOpt = None,
+    user: UserOpt = None,
+    password: PasswordOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """A consumer's configuration and where it stands."""
+
+    async def work(conn: Connection) -> Any:
+        return await api(conn, f"CONSUMER.INFO.{stream}.{name}")
+
+    found = run(Target(server, user, password, token, context), work)
+    if as_json:
+        emit_json(found)
+        return
+    pairs(f"Consumer {stream} > {name}", _rows(found))
+
+
+def _config(
+    name: str,
+    config: Path | None,
+    fields: dict[str, Any],
+) -> dict[str, Any]:
+    body = load_json_file(config, "a consumer configuration") if config else {}
+    body.setdefault("durable_name", name)
+    body.update({k: v for k, v in fields.items() if v is not None})
+    return body
+
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="A JSON consumer configuration (nats-server's).")
+]
+FilterOpt = Annotated[str | None, typer.Option("--filter", help="Only this subject.")]
+AckOpt = Annotated[str | None, typer.Option("--ack", help="explicit, all or none.")]
+DeliverOpt = Annotated[
+    str | None, typer.Option("--deliver", help="all, last, new, last_per_subject.")
+]
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", help="Push: the deliver subject (pull when absent).")
+]
+WaitOpt = Annotated[float | None, typer.Option("--wait", help="Ack wait in seconds.")]
+MaxDeliverOpt = Annotated[int | None, typer.Option("--max-deliver", help="Deliveries at most.")]
+MaxPendingOpt = Annotated[int | None, typer.Option("--max-pending", help="Max ack pending.")]
+
+
+def _fields(
+    filter_: str | None,
+    ack: str | None,
+    deliver: str | None,
+    target: str | None,
+    wait: float | None,
+    max_deliver: int | None,
+    max_pending: int | None,
+) -> dict[str, Any]:
+    return {
+        "filter_subject": filter_,
+        "ack_policy": ack,
+        "deliver_policy": deliver,
+        "deliver_subject": target,
+        "ack_wait": None if wait is None else int(wait * 1e9),
+        "max_deliver": max_deliver,
+        "max_ack_pending": max_pending,
+    }
+
+
+@consumer_app.command("add", cls=Command)
+def add(
+    stream: StreamArg,
+    name: NameArg,
+    config: ConfigOpt = None,
+    filter_: FilterOpt = None,
+    ack: AckOpt = "explicit",
+    deliver: DeliverOpt = None,
+    target: TargetOpt = None,
+    wait: WaitOpt = None,
+    max_deliver: MaxDeliverOpt = None,
+    max_pending: MaxPendingOpt = None,
+    as_json: JsonOpt = False,
+    server: ServerOpt = None,
+    user: UserOpt = None,
+    password: PasswordOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Create a durable consumer (pull unless --target gives a deliver subject)."""
+    body = _config(
+        name, config, _fields(filter_, ack, deliver, target, wait, max_deliver, max_pending)
+    )
+
+    async def work(conn: Connection) -> Any:
+        return await api(
+            conn,
+            f"CONSUMER.CREATE.{stream}.{name}",
+            {"stream_name": stream, "config": body, "action": "create"},
+        )
+
+    created = run(Target(server, user, password, token, context), work)
+    if as_json:
+        emit_json(created)
+        return
+    pairs(f"Consumer {stream} > {name} created", _rows(created))
+
+
+@consumer_app.command("edit", cls=Command)
+def edit(
+    stream: StreamArg,
+    name: NameArg,
+    config: ConfigOpt = None,
+    wait: WaitOpt = None,
+    max_deliver: MaxDeliverOpt = None,
+    max_pending: MaxPendingOpt = None,
+    as_json: JsonOpt = False,
+    server: ServerOpt = None,
+    user: UserOpt = None,
+    password: PasswordOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Change a consumer: the given fields over its current configuration."""
+
+    async def work(conn: Connection) -> Any:
+        current = (await api(conn, f"CONSUMER.INFO.{stream}.{name}"))["config"]
+        changes = _config(
+            name, config, _fields(None, None, None, None, wait, max_deliver, max_pending)
+        )
+        return await api(
+            conn,
+            f"CONSUMER.CREATE.{stream}.{name}",
+            {"stream_name": stream, "config": {**current, **changes}, "action": "update"},
+        )
+
+    updated = run(Target(server, user, password, token, context), work)
+    if as_json:
+        emit_json(updated)
+        return
+    pairs(f"Consumer {stream} > {name} updated", _rows(updated))
+
+
+@consumer_app.command("rm", cls=Command)
+def rm(
+    stream: StreamArg,
+    name: NameArg,
+    force: Annotated[bool, typer.Option("--force", "-f", help="Do not ask.")] = False,
+    server: ServerOpt = None,
+    user: UserOpt = None,
+    password: PasswordOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Delete a consumer."""
+    if not force and not typer.confirm(f"Delete consumer {stream} > {name}?"):
+        raise typer.Exit(1)
+
+    async def work(conn: Connection) -> Any:
+        return await api(conn, f"CONSUMER.DELETE.{stream}.{name}")
+
+    run(Target(server, user, password, token, context), work)
+    typer.echo(f"Consumer {stream} > {name} deleted")
+
+
+def _delivery(msg: JsMsg, acked: bool) -> dict[str, Any]:
+    meta = msg.metadata
+    return {
+        "subject": msg.subject,
+        "stream_seq": meta.stream_seq,
+        "consumer_seq": meta.consumer_seq,
+        "delivered": meta.num_delivered,
+        "pending": meta.num_pending,
+        "headers": dict(msg.headers or {}),
+        "data": msg.data.decode("utf-8", "replace"),
+        "acked": acked,
+    }
+
+
+@consumer_app.command("next", cls=Command)
+def next_(
+    stream: StreamArg,
+    name: NameArg,
+    how_many: Annotated[int, typer.Option("--count", "-n", help="Messages to fetch.")] = 1,
+    ack: Annotated[bool, typer.Option("--ack/--no-ack", help="Ack what was received.")] = True,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
+    as_json: JsonOpt = False,
+    server: ServerOpt = None,
+    user: UserOpt = None,
+    password: PasswordOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Fetch the next messages of a pull consumer, show their delivery metadata, ack them."""
+
+    async def work(conn: Connection) -> list[dict[str, Any]]:
+        await api(conn, f"CONSUMER.INFO.{stream}.{name}")  # a clear error if it is missing
+        sub = await conn.jetstream().pull_subscribe(stream, name)
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < how_many:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                msgs = await sub.fetch(how_many - len(out), timeout=left)
+            except (TimeoutError, Timeout):
+                break
+            for msg in msgs:
+                if ack:
+                    await msg.ack_sync()
+                out.append(_delivery(msg, ack))
+        await sub.unsubscribe()
+        return out
+
+    got = run(Target(server, user, password, token, context), work)
+    if as_json:
+        emit_json(got)
+        return
+    if not got:
+        typer.echo(f"No messages within {timeout:g}s")
+        raise typer.Exit(1)
+    for one in got:
+        typer.echo(
+            f"[{one['stream_seq']}] {one['subject']} (delivery {one['delivered']},"
+            f" {one['pending']} pending{', acked' if one['acked'] else ''})"
+        )
+        for key, value in one["headers"].items():
+            typer.echo(f"  {key}: {value}")
+        typer.echo(one["data"])
+
+
+def _pause(stream: str, name: str, until: str, target: Target) -> dict[str, Any]:
+    async def work(conn: Connection) -> Any:
+        return await api(conn, f"CONSUMER.PAUSE.{stream}.{name}", {"pause_until": until})
+
+    result: dict[str, Any] = run(target, work)
+    return result
+
+
+@consumer_app.command("pause", cls=Command)
+def pause(
+    stream: StreamArg,
+    name: NameArg,
+    seconds: Annotated[float, typer.Argument(help="How long to pause.")],
+    server: ServerOpt = None,
+    user: UserOpt = None,
+    password: PasswordOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Pause delivery for a number of seconds."""
+    from datetime import UTC, datetime, timedelta
+
+    until = (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+    result = _pause(stream, name, until, Target(server, user, password, token, context))
+    if not result.get("paused"):
+        fail(f"{stream} > {name} was not paused")
+    typer.echo(f"Consumer {stream} > {name} paused until {result.get('pause_until', until)}")
+
+
+@consumer_app.command("resume", cls=Command)
+def resume(
+    stream: StreamArg,
+    name: NameArg,
+    server: ServerOpt = None,
+    user: UserOpt = None,
+    password: PasswordOpt = None,
+    token: TokenOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Resume a paused consumer."""
+    _pause(stream, name, "0001-01-01T00:00:00Z", Target(server, user, password, token, context))
+    typer.echo(f"Consumer {stream} > {name} resumed")
