@@ -942,6 +942,20 @@ ERROR_CASES: list[tuple[str, dict[str, str], list[bytes], list[str]]] = [
     ("CONNECT with bad JSON", {}, [b"CONNECT {bad\r\n"], ["<closed>"]),
     ("CONNECT with a wrong type", {}, [b'CONNECT {"verbose":"yes"}\r\n'], ["<closed>"]),
     ("CONNECT without arguments", {}, [b"CONNECT\r\n"], ["<closed>"]),
+    # Go's JSON: bytes that are not UTF-8 in a string are U+FFFD, null changes nothing.
+    (
+        "CONNECT with a name that is not UTF-8",
+        {},
+        [b'CONNECT {"verbose":false,"protocol":1,"name":"\xff\xfe"}\r\n'],
+        ["PONG", "INFO", "PONG"],
+    ),
+    ("CONNECT null", {}, [b"CONNECT null\r\n"], ["+OK", "PONG", "PONG"]),
+    (
+        "CONNECT with a number beyond int64",
+        {},
+        [b'CONNECT {"protocol":99999999999999999999}\r\n'],
+        ["<closed>"],
+    ),
     (
         "no_responders without headers",
         {},

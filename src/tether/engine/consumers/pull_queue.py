@@ -6,6 +6,9 @@ consumer ADR and ``consumer.go``), because clients branch on the code and text.
 
 from __future__ import annotations
 
+import re
+from typing import Annotated
+
 import msgspec
 
 from tether.engine.clock import Timer
@@ -80,17 +83,23 @@ def _trim(value: float) -> str:
     return text or "0"
 
 
+# Go's int and time.Duration: a number beyond int64 fails the request, as in nats-server.
+_Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+
+
 class NextRequest(msgspec.Struct):
     """The JSON body of ``CONSUMER.MSG.NEXT``."""
 
-    batch: int = 0
-    expires: int = 0
+    batch: _Int64 = 0
+    expires: _Int64 = 0
     no_wait: bool = False
-    max_bytes: int = 0
-    idle_heartbeat: int = 0
+    max_bytes: _Int64 = 0
+    idle_heartbeat: _Int64 = 0
 
 
 _next_decoder = msgspec.json.Decoder(NextRequest)
+# Go's strconv.Atoi: an optional sign and ASCII digits (no spaces, no underscores).
+_ATOI = re.compile(rb"[+-]?[0-9]{1,19}")
 
 
 class PullRequestError(Exception):
@@ -108,15 +117,35 @@ def parse_next_request(body: bytes) -> NextRequest:
     if text[:1] == b"{":
         try:
             req = _next_decoder.decode(text)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except msgspec.ValidationError as exc:
+            req = _with_nulls(text, exc)
+        except msgspec.DecodeError as exc:
             raise PullRequestError(str(exc)) from None
+        except RecursionError:
+            raise PullRequestError("exceeded max depth") from None
+        except UnicodeDecodeError:
+            raise PullRequestError("invalid UTF-8") from None
         if req.idle_heartbeat > 0 and req.idle_heartbeat * 2 > req.expires:
             raise PullRequestError("heartbeat value too large")
         return req
+    if _ATOI.fullmatch(text):
+        batch = int(text)
+        if -(1 << 63) <= batch < 1 << 63:
+            return NextRequest(batch=batch)
+    return NextRequest(batch=1)
+
+
+def _with_nulls(text: bytes, exc: msgspec.ValidationError) -> NextRequest:
+    """A body the typed decoder refused: fine after all if only ``null`` s were in the
+    way (Go leaves those fields at zero); otherwise the decoder's error."""
     try:
-        return NextRequest(batch=int(text))
-    except ValueError:
-        return NextRequest(batch=1)
+        doc = msgspec.json.decode(text)
+        if isinstance(doc, dict) and None in doc.values():
+            fields = {k: v for k, v in doc.items() if v is not None}
+            return msgspec.convert(fields, NextRequest)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
+        pass
+    raise PullRequestError(str(exc)) from None
 
 
 class PullRequest:

@@ -24,6 +24,7 @@ from tether.protocol.nats.commands import (
 from tether.protocol.nats.errors import ProtocolError
 from tether.protocol.nats.parser import Parser
 from tether.server.config import ServerConfig
+from tether.server.nats.requests import Int, go_text, too_deep
 from tether.server.nats.router import Router
 from tether.server.nats.subscriptions import BatchHandler, ClientSubscription
 
@@ -48,7 +49,7 @@ class ConnectOptions(msgspec.Struct, rename={"password": "pass"}):
     echo: bool | None = None
     headers: bool | None = None
     no_responders: bool | None = None
-    protocol: int | None = None
+    protocol: Int | None = None
     tls_required: bool | None = None
     name: str | None = None
     lang: str | None = None
@@ -65,6 +66,22 @@ class ConnectOptions(msgspec.Struct, rename={"password": "pass"}):
 
 _decode_connect = msgspec.json.Decoder(ConnectOptions).decode
 _decode_any = msgspec.json.Decoder().decode
+
+
+def parse_connect(options: bytes) -> ConnectOptions:
+    """CONNECT's JSON as Go decodes it into nats-server's options: bytes that are not
+    UTF-8 in a string become U+FFFD, ``null`` changes nothing; anything else that does
+    not decode (syntax, types, numbers beyond int64, absurd nesting) is a ProtocolError,
+    which nats-server answers by closing the connection without an ``-ERR``."""
+    text = go_text(options.strip())
+    if text == b"null":
+        return ConnectOptions()
+    if too_deep(text):
+        raise errors.bad_arguments("malformed CONNECT: exceeded max depth")
+    try:
+        return _decode_connect(text)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise errors.bad_arguments("malformed CONNECT") from None
 
 
 class ConnectionHost(Protocol):
@@ -385,10 +402,7 @@ class ClientConnection(asyncio.Protocol):
     def on_connect(self, options: bytes) -> None:
         if self._run_payloads:
             self._end_run()
-        try:
-            opts = _decode_connect(options)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            raise errors.bad_arguments("malformed CONNECT") from None
+        opts = parse_connect(options)
         if self._auth_required and not self._authorized(opts):
             log.info("client %d: authorization violation", self.cid)
             raise ProtocolError(errors.AUTH_VIOLATION)
@@ -599,7 +613,10 @@ class ClientConnection(asyncio.Protocol):
         if self._run_payloads:
             self._end_run()
         try:
-            _decode_any(info)
+            text = go_text(info.strip())
+            if too_deep(text):
+                raise errors.bad_arguments("malformed INFO: exceeded max depth")
+            _decode_any(text)
         except msgspec.DecodeError:
             raise errors.bad_arguments("malformed INFO") from None
 

@@ -40,14 +40,15 @@ from tether.engine.jobs.service import channel_id
 from tether.engine.jobs.view import owned_by_http
 from tether.engine.subjects import is_literal, subject_matches
 from tether.protocol.nats.commands import encode
+from tether.server.nats import requests
 from tether.server.nats.jetstream import (
     ZERO_TIME,
     JetStreamApi,
     NoReply,
-    parse_body,
     parse_rfc3339,
     rfc3339,
 )
+from tether.server.nats.requests import ConsumersRequest, PauseRequest
 from tether.server.nats.router import Router
 from tether.server.nats.subscriptions import Client, ClientSubscription, InternalSubscription
 from tether.storage.base import MessageMeta, StorageError, StoredMessage
@@ -178,7 +179,7 @@ class ConsumerApi:
         if not args or not args[0]:
             raise NoReply
         stream = args[0]
-        req = decode_request(p if p.strip() else b"{}")
+        req = decode_request(requests.checked_body(p) or b"{}")
         config = req.config
         filtered = ""
         if len(args) == 1:
@@ -190,6 +191,8 @@ class ConsumerApi:
             raise errors.stream_name_mismatch()
         if "\\" in name or "/" in name:
             raise path_separators()
+        if not requests.is_utf8(name):
+            raise errors.bad_request("consumer name is not valid UTF-8")
         if len(args) == 1:
             if config.durable_name:
                 raise ephemeral_with_durable()
@@ -211,11 +214,13 @@ class ConsumerApi:
                 400, 10016, "consumer expected to be durable but no durable name set in subject"
             )
         stream, name = args
-        req = decode_request(p if p.strip() else b"{}")
+        req = decode_request(requests.checked_body(p) or b"{}")
         if stream != req.stream_name:
             raise errors.stream_name_mismatch()
         if "\\" in name or "/" in name:
             raise path_separators()
+        if not requests.is_utf8(name):
+            raise errors.bad_request("consumer name is not valid UTF-8")
         config = req.config
         if not config.durable_name:
             raise durable_not_set()
@@ -242,10 +247,12 @@ class ConsumerApi:
 
     async def _info(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         stream, name = self._two_names(args)
+        requests.require_empty(p)
         return self.info(self.registry.get(stream, name))
 
     async def _delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         stream, name = self._two_names(args)
+        requests.require_empty(p)
         consumer = self.registry.get(stream, name)
         if owned_by_http(consumer.config):
             # The HTTP consumer (token, callback, jobs) would be left without its engine.
@@ -259,10 +266,7 @@ class ConsumerApi:
     def _page(self, args: list[str], p: bytes) -> tuple[list[Consumer], int]:
         if len(args) != 1 or not args[0]:
             raise NoReply
-        req = parse_body(p)
-        offset = req.get("offset") or 0
-        if not isinstance(offset, int):
-            raise errors.invalid_json("offset must be an integer")
+        offset = requests.decode_request(p, ConsumersRequest).offset
         consumers = self.registry.consumers_of(args[0])
         return consumers, max(0, min(offset, len(consumers)))
 
@@ -273,7 +277,7 @@ class ConsumerApi:
             "total": len(consumers),
             "offset": offset,
             "limit": NAMES_LIMIT,
-            "consumers": page or None,
+            "consumers": page,
         }
 
     async def _list(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
@@ -283,16 +287,15 @@ class ConsumerApi:
             "total": len(consumers),
             "offset": offset,
             "limit": LIST_LIMIT,
-            "consumers": page or None,
+            "consumers": page,
         }
 
     async def _pause(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         stream, name = self._two_names(args)
-        req = parse_body(p)
-        raw = req.get("pause_until") or ""
+        raw = requests.decode_request(p, PauseRequest).pause_until
         try:
             until = parse_rfc3339(raw) if raw else 0
-        except (ValueError, TypeError):
+        except (ValueError, OverflowError):
             raise errors.invalid_json(f"parsing time {raw!r}") from None
         until = max(until, 0)
         await self.registry.pause(stream, name, until)

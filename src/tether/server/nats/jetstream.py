@@ -14,7 +14,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -25,6 +25,20 @@ from tether.engine.jobs.view import owned_by_http
 from tether.engine.streams import Stream
 from tether.engine.subjects import filters_overlap
 from tether.protocol.nats.commands import encode
+from tether.server.nats import requests
+from tether.server.nats.requests import (
+    BodyError,
+    DirectGetRequest,
+    MsgDeleteRequest,
+    MsgGetRequest,
+    PagedRequest,
+    PurgeRequest,
+    StreamInfoRequest,
+    decode_as,
+    decode_request,
+    decode_required,
+    is_empty_request,
+)
 from tether.server.nats.router import Router
 from tether.server.nats.subscriptions import InternalSubscription
 from tether.storage.base import StoredMessage
@@ -33,7 +47,6 @@ log = logging.getLogger("tether.jetstream")
 
 API_PREFIX = "$JS.API."
 _encode_json = msgspec.json.Encoder().encode
-_decode_json = msgspec.json.Decoder(dict[str, Any]).decode
 
 Handler = Callable[[list[str], str, bytes | None, bytes], Awaitable[dict[str, Any] | None]]
 
@@ -105,97 +118,8 @@ def parse_rfc3339(text: str) -> int:
     return int(parsed.timestamp()) * 1_000_000_000 + frac
 
 
-def parse_body(payload: bytes) -> dict[str, Any]:
-    if not payload.strip():
-        return {}
-    try:
-        return _decode_json(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise errors.invalid_json(str(exc)) from None
-
-
 class NoReply(Exception):
     """Raised by a handler whose request nats-server ignores (no reply at all)."""
-
-
-# -- request bodies, decoded as strictly as nats-server does (unknown fields → 10025) ----
-
-Seq = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class _StreamInfoRequest(msgspec.Struct, forbid_unknown_fields=True):
-    deleted_details: bool = False
-    subjects_filter: str = ""
-    offset: int = 0
-
-
-class _PagedRequest(msgspec.Struct, forbid_unknown_fields=True):
-    offset: int = 0
-    subject: str = ""
-
-
-class _PurgeRequest(msgspec.Struct, forbid_unknown_fields=True):
-    filter: str = ""
-    seq: Seq = 0
-    keep: Seq = 0
-
-
-class _MsgDeleteRequest(msgspec.Struct, forbid_unknown_fields=True):
-    seq: Seq = 0
-    no_erase: bool = False
-
-
-class _DirectGetRequest(msgspec.Struct):
-    """DIRECT.GET's body (nats-server decodes it leniently: unknown fields pass)."""
-
-    seq: Seq = 0
-    last_by_subj: str = ""
-    next_by_subj: str = ""
-    batch: int = 0
-    max_bytes: int = 0
-    start_time: str | None = None
-    multi_last: list[str] | None = None
-    up_to_seq: Seq = 0
-    up_to_time: str | None = None
-    no_hdr: bool = False
-
-
-class _MsgGetRequest(_DirectGetRequest, forbid_unknown_fields=True):
-    """STREAM.MSG.GET's body (strict)."""
-
-
-def _is_empty_request(payload: bytes) -> bool:
-    """nats-server's ``isEmptyRequest``: no body, or a JSON object without fields."""
-    body = payload.strip()
-    if not body or body == b"{}":
-        return True
-    try:
-        doc = _decode_json(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return False
-    return not doc
-
-
-R = TypeVar("R", bound=msgspec.Struct)
-
-
-def _convert(body: bytes, kind: type[R]) -> R:
-    """Decode a JSON object into ``kind``; ``null`` fields keep their default, as in Go."""
-    doc = msgspec.json.decode(body)
-    if not isinstance(doc, dict):
-        raise msgspec.ValidationError("cannot unmarshal a non-object into a request")
-    return msgspec.convert({k: v for k, v in doc.items() if v is not None}, kind)
-
-
-def decode_request(payload: bytes, kind: type[R]) -> R:
-    """A JSON request body; like nats-server, a body that is not a JSON object is ignored."""
-    body = payload.strip()
-    if not body.startswith((b"{", b"[")):
-        return kind()
-    try:
-        return _convert(body, kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise errors.invalid_json(str(exc)) from None
 
 
 class JetStreamApi:
@@ -303,10 +227,28 @@ class JetStreamApi:
         stream = self.broker.streams.get(name)
         if stream is None:
             return
-        if not reply or stream.config.no_ack:
-            self.broker.publish(stream, subject, headers, payload, None)
+        answer = bool(reply) and not stream.config.no_ack
+        if not requests.is_utf8(subject):
+            # nats-server stores any bytes; a subject here is text in the store, in
+            # JSON replies and over HTTP, so one that is not UTF-8 is refused.
+            if answer:
+                self.pub_failed(name, [reply], errors.bad_request("subject is not valid UTF-8"))
             return
-        self.broker.publish_reply(stream, subject, headers, payload, self, reply)
+        try:
+            if not answer:
+                self.broker.publish(stream, subject, headers, payload, None)
+                return
+            self.broker.publish_reply(stream, subject, headers, payload, self, reply)
+        except ValueError as exc:
+            # A header value the engine could not read (every check runs before the
+            # message is stored): this publish is refused, the connection goes on.
+            log.debug("publish to %s refused: %s", subject, exc)
+            if answer:
+                self.pub_failed(name, [reply], errors.bad_request("invalid header value"))
+        except Exception:
+            log.exception("publish to %s failed", subject)
+            if answer:
+                self.pub_failed(name, [reply], errors.ApiError(500, 10051, "internal server error"))
 
     def _capture_run(
         self, name: str, subject: str, replies: list[str], payloads: list[bytes]
@@ -345,7 +287,7 @@ class JetStreamApi:
             self.router.publish_acks(replies, prefix, first_seq)
 
     def pub_failed(self, stream: str, replies: list[str], error: errors.ApiError) -> None:
-        body = _encode_json({"error": error.to_dict(), "stream": stream, "seq": 0})
+        body = requests.encode_json({"error": error.to_dict(), "stream": stream, "seq": 0})
         self.router.publish_replies(replies, [body] * len(replies))
 
     # -- API dispatch ------------------------------------------------------------------------------
@@ -394,7 +336,7 @@ class JetStreamApi:
         self.reply(reply, {"type": rtype, **body})
 
     def reply(self, reply: str, body: dict[str, Any]) -> None:
-        self.router.publish(None, reply, "", None, _encode_json(body))
+        self.router.publish(None, reply, "", None, requests.encode_json(body))
 
     # -- stream handlers -----------------------------------------------------------------------------
     def _register_stream_routes(self) -> None:
@@ -489,17 +431,19 @@ class JetStreamApi:
         }
 
     async def _stream_create(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        stream, _created = await self.broker.create_stream(self._one_name(args), p)
+        name = self._one_name(args)
+        stream, _created = await self.broker.create_stream(name, requests.checked_body(p))
         # nats-server answers an identical re-create exactly like the create.
         return {**self._stream_body(stream), "did_create": True}
 
     async def _stream_update(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        stream = await self.broker.update_stream(self._one_name(args), p)
+        name = self._one_name(args)
+        stream = await self.broker.update_stream(name, requests.checked_body(p))
         return self._stream_body(stream)
 
     async def _stream_info(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        req = decode_request(p, _StreamInfoRequest)
+        req = decode_request(p, StreamInfoRequest)
         stream = self.broker.get_stream(name)
         return self.stream_info(
             stream, req.subjects_filter, max(0, req.offset), req.deleted_details
@@ -507,6 +451,7 @@ class JetStreamApi:
 
     async def _stream_delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
+        requests.require_empty(p)
         if name in self.broker.streams:
             owned = [c.name for c in self.consumers.consumers_of(name) if owned_by_http(c.config)]
             if owned:
@@ -519,7 +464,7 @@ class JetStreamApi:
 
     async def _stream_purge(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        req = decode_request(p, _PurgeRequest)
+        req = decode_request(p, PurgeRequest)
         purged = await self.broker.purge_stream(name, req.filter, req.seq, req.keep)
         return {"success": True, "purged": purged}
 
@@ -530,7 +475,7 @@ class JetStreamApi:
         return [s for s in streams if any(filters_overlap(subject, f) for f in s.config.subjects)]
 
     async def _stream_names(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        req = decode_request(p, _PagedRequest)
+        req = decode_request(p, PagedRequest)
         streams = self._matching_streams(req.subject)
         offset = min(max(0, req.offset), len(streams))
         page = [s.name for s in streams[offset : offset + NAMES_LIMIT]]
@@ -542,18 +487,18 @@ class JetStreamApi:
         }
 
     async def _stream_list(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
-        req = decode_request(p, _PagedRequest)
+        req = decode_request(p, PagedRequest)
         streams = self._matching_streams(req.subject)
         offset = min(max(0, req.offset), len(streams))
         page = [self._stream_body(s) for s in streams[offset : offset + LIST_LIMIT]]
         return {"total": len(streams), "offset": offset, "limit": LIST_LIMIT, "streams": page}
 
     @staticmethod
-    def _get_request(payload: bytes) -> _MsgGetRequest:
+    def _get_request(payload: bytes) -> MsgGetRequest:
         """MSG.GET's body: required, strict, one way of choosing the message."""
-        if _is_empty_request(payload):
+        if is_empty_request(payload):
             raise errors.bad_request()
-        req = decode_request(payload, _MsgGetRequest)
+        req = decode_required(payload, MsgGetRequest)
         if req.batch > 0 or req.max_bytes > 0 or req.multi_last:
             raise errors.bad_request()  # batches are DIRECT.GET's
         if (
@@ -568,7 +513,7 @@ class JetStreamApi:
             raise errors.bad_request()
         return req
 
-    def _start_seq(self, stream: Stream, req: _DirectGetRequest) -> int:
+    def _start_seq(self, stream: Stream, req: DirectGetRequest) -> int:
         if req.start_time is None:
             return req.seq
         try:
@@ -598,9 +543,9 @@ class JetStreamApi:
 
     async def _msg_delete(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        if _is_empty_request(p):
+        if is_empty_request(p):
             raise errors.bad_request()
-        req = decode_request(p, _MsgDeleteRequest)
+        req = decode_required(p, MsgDeleteRequest)
         await self.broker.delete_message(name, req.seq)
         return {"success": True}
 
@@ -631,8 +576,8 @@ class JetStreamApi:
                 self._status(reply, b"NATS/1.0 408 Empty Request\r\n\r\n")
                 return
             try:
-                req = _convert(payload, _DirectGetRequest)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+                req = decode_as(payload, DirectGetRequest)
+            except BodyError:
                 self._status(reply, b"NATS/1.0 408 Malformed Request\r\n\r\n")
                 return
             if not (req.seq or req.last_by_subj or req.next_by_subj or req.start_time):
@@ -664,11 +609,11 @@ class JetStreamApi:
         self, name: str, subject: str, reply: str, payload: bytes
     ) -> None:
         """DIRECT.GET.<stream>.<subject>: the last message on ``subject``."""
-        req = _DirectGetRequest()
+        req = DirectGetRequest()
         if payload:
             try:
-                req = _convert(payload, _DirectGetRequest)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+                req = decode_as(payload, DirectGetRequest)
+            except BodyError:
                 self._status(reply, b"NATS/1.0 408 Malformed Request\r\n\r\n")
                 return
         if (
@@ -687,7 +632,7 @@ class JetStreamApi:
         self._send_direct(reply, name, msg, no_headers=req.no_hdr)
 
     async def _direct_batch(
-        self, stream: Stream, reply: str, req: _DirectGetRequest, start: int
+        self, stream: Stream, reply: str, req: DirectGetRequest, start: int
     ) -> None:
         """Batched DIRECT.GET: each message carries the pending count and the sequence of
         the one before it; an end-of-batch status closes the batch."""

@@ -11,6 +11,7 @@ import random
 
 from tether.engine.subjects import SubjectIndex
 from tether.protocol.nats.commands import encode
+from tether.server.nats.requests import is_utf8
 from tether.server.nats.subscriptions import (
     BatchHandler,
     Client,
@@ -92,7 +93,9 @@ class Router:
             sb = encode(subject)
             if subject.startswith(_ACK):
                 m = self.index.match_beneath(_ACK_STEM, subject)  # one match for all acks
-            elif subject.startswith(_ONE_SHOT):
+            elif subject.startswith(_ONE_SHOT) or not is_utf8(subject):
+                # Not remembered, so never part of a run: a stream capturing a subject
+                # that is not UTF-8 refuses each message on its own (see JetStreamApi).
                 m = self.index.match_once(subject)
             else:
                 # First sight of this subject: checked once, its wire bytes remembered.

@@ -35,6 +35,7 @@ import msgspec
 
 from tether.engine.subjects import is_valid_filter
 from tether.protocol.block import encode_block
+from tether.server.nats.requests import BodyError, Int, decode_as
 from tether.storage.base import MessageColumns
 
 if TYPE_CHECKING:
@@ -52,11 +53,11 @@ MAX_BLOCK_ROWS = 65_536
 
 
 class ReadRequest(msgspec.Struct, forbid_unknown_fields=True):
-    seq: int = 0
-    up_to_seq: int = 0
-    batch: int = 0
-    max_bytes: int = 0
-    block_bytes: int = 0
+    seq: Int = 0
+    up_to_seq: Int = 0
+    batch: Int = 0
+    max_bytes: Int = 0
+    block_bytes: Int = 0
     subjects: list[str] = msgspec.field(default_factory=list)
     no_hdr: bool = False
 
@@ -70,8 +71,8 @@ def parse_request(payload: bytes) -> ReadRequest:
     if not payload.strip():
         return ReadRequest()
     try:
-        req = msgspec.json.decode(payload, type=ReadRequest)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        req = decode_as(payload, ReadRequest)
+    except BodyError as exc:
         raise BadReadRequest(str(exc)) from None
     for field in ("seq", "up_to_seq", "batch", "max_bytes", "block_bytes"):
         if getattr(req, field) < 0:
