@@ -12,7 +12,7 @@ from tether.storage.sqlite import APPEND_ROWS_MAX, SqliteStore, sql_append_rows
 
 
 def test_the_statement_has_one_group_of_parameters_per_row() -> None:
-    assert sql_append_rows(1).count("?") == 7
+    assert sql_append_rows(1).count("?") == 8  # the seven fields and the checksum
     assert sql_append_rows(3).count("(?,") == 3
 
 

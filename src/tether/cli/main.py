@@ -19,6 +19,7 @@ from tether.cli.aliases import normalize
 from tether.cli.consumer import consumer_app
 from tether.cli.context import context_app
 from tether.cli.server import server_app
+from tether.cli.store import store_app
 from tether.cli.stream import stream_app
 from tether.version import __version__
 
@@ -199,6 +200,9 @@ def _port_in_use(host: str, ports: dict[str, int]) -> str | None:
 def version() -> None:
     """Print the version."""
     typer.echo(__version__)
+
+
+app.add_typer(store_app, name="store")
 
 
 app.add_typer(stream_app, name="stream")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from tether.storage.base import (
     ConsumerRecord,
+    CorruptMessage,
+    DamagedStore,
     MessageColumns,
     MessageMeta,
     StorageError,
@@ -22,6 +24,8 @@ from tether.storage.base import (
 
 __all__ = [
     "ConsumerRecord",
+    "CorruptMessage",
+    "DamagedStore",
     "MessageColumns",
     "MessageMeta",
     "StorageError",

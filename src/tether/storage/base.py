@@ -26,6 +26,29 @@ class StorageError(Exception):
     """A backend could not durably commit or read (disk full, read-only dir, corruption)."""
 
 
+class CorruptMessage(StorageError):
+    """A stored message does not match its checksum: it was damaged after it was written.
+
+    Raised by every read that meets it, instead of returning the damaged content.
+    """
+
+    def __init__(self, stream: str, seq: int, hint: str = "") -> None:
+        self.stream = stream
+        self.seq = seq
+        self.hint = hint
+        super().__init__(
+            f"message {seq} of stream {stream!r} is damaged (its checksum does not match){hint}"
+        )
+
+    def __reduce__(self) -> tuple[type[CorruptMessage], tuple[str, int, str]]:
+        return (CorruptMessage, (self.stream, self.seq, self.hint))
+
+
+class DamagedStore(StorageError):
+    """The store does not hold what it must (a missing or truncated database, a lost
+    write-ahead log, a missing stream): it refuses to open rather than serve less."""
+
+
 class StoredMessage(msgspec.Struct, frozen=True, gc=False):
     """One message of a stream as persisted.
 
@@ -109,6 +132,9 @@ RefusalHandler = Callable[[dict[str, dict[int, str]]], None]
 
 class Store(ABC):
     """A storage backend. Reads are async and never block the event loop.
+
+    A read that meets a message damaged since it was written raises
+    :class:`CorruptMessage` (a :class:`StorageError`) rather than return it.
 
     Write methods are plain (non-async) calls that enqueue the change into the current
     group commit and return that commit's awaitable. Callers that need durability

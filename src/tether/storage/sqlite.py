@@ -19,6 +19,7 @@ import contextlib
 import functools
 import os
 import sqlite3
+import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -30,12 +31,15 @@ import msgspec
 
 from tether.storage.base import (
     ConsumerRecord,
+    CorruptMessage,
+    DamagedStore,
     MessageColumns,
     MessageMeta,
     StorageError,
     StoredMessage,
     StreamRecord,
 )
+from tether.storage.checksum import checksum, crc32, head, stream_seed
 from tether.storage.group_commit import (
     APPEND,
     DELETE_CONSUMER,
@@ -51,13 +55,24 @@ from tether.storage.group_commit import (
     Settled,
     ThreadCommitter,
 )
+from tether.storage.manifest import (
+    MANIFEST_FILENAME,
+    compare,
+    database_file_problem,
+    fsync_file,
+    read_manifest,
+    remove_manifest,
+    write_manifest,
+)
 
 __all__ = ["DB_FILENAME", "SqliteStore"]
 
 T = TypeVar("T")
 
 DB_FILENAME = "tether.db"
-SCHEMA_VERSION = 1
+WAL_SUFFIX = "-wal"
+# 1: the first schema. 2: ``messages.crc``, each message's checksum (see checksum.py).
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 5000
 MiB = 1024 * 1024
 
@@ -84,6 +99,7 @@ CREATE TABLE IF NOT EXISTS messages (
     data BLOB NOT NULL,
     ts INTEGER NOT NULL,
     priority INTEGER NOT NULL,
+    crc INTEGER NOT NULL,
     PRIMARY KEY (stream, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS consumers (
@@ -105,6 +121,26 @@ SQL_SYNCHRONOUS = {
 }
 SQL_BUSY_TIMEOUT = f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}"
 SQL_SCHEMA_VERSION = "PRAGMA user_version"
+SQL_HAS_TABLES = (
+    "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+    " AND name IN ('streams', 'stream_seq', 'messages')"
+)
+SQL_MESSAGE_COLUMNS = "SELECT name FROM pragma_table_info('messages')"
+# Version 1 to 2: the rows written before get their checksum now. Damage done to them
+# before this migration cannot be told apart from their content; from here on, every
+# change to a row is.
+SQL_MIGRATE_1_TO_2 = """
+BEGIN IMMEDIATE;
+ALTER TABLE messages ADD COLUMN crc INTEGER;
+UPDATE messages SET crc = tether_checksum(stream, seq, subject, headers, data, ts, priority);
+PRAGMA user_version = 2;
+COMMIT;
+"""
+# Each stream's last sequence: the high-water mark, or for a stream with no mark yet 0.
+SQL_HELD = (
+    "SELECT name, coalesce((SELECT last_seq FROM stream_seq WHERE stream = name), 0)"
+    " FROM streams UNION SELECT stream, last_seq FROM stream_seq"
+)
 
 SQL_BEGIN = "BEGIN IMMEDIATE"
 SQL_COMMIT = "COMMIT"
@@ -118,9 +154,10 @@ SQL_DELETE_STREAM = (
     "DELETE FROM stream_seq WHERE stream = ?",
 )
 SQL_APPEND_INTO = (
-    "INSERT OR REPLACE INTO messages (stream, seq, subject, headers, data, ts, priority) VALUES "
+    "INSERT OR REPLACE INTO messages (stream, seq, subject, headers, data, ts, priority, crc)"
+    " VALUES "
 )
-APPEND_COLUMNS = 7
+APPEND_COLUMNS = 8
 # Appends are written by statements of several rows each (``VALUES (…), (…), …``):
 # sqlite3 releases and re-takes the GIL around every statement step, so one row per
 # step (executemany) means one GIL round trip per message, each a wait while the
@@ -142,7 +179,7 @@ def _blob(value: bytes) -> bytes | bytearray:
 @functools.lru_cache(maxsize=16)
 def sql_append_rows(rows: int) -> str:
     """The append statement for ``rows`` rows at once."""
-    return SQL_APPEND_INTO + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return SQL_APPEND_INTO + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
 
 
 SQL_RAISE_LAST_SEQ = (
@@ -168,22 +205,68 @@ SQL_LOAD_INDEX = (
     "SELECT seq, subject, length(subject) + length(headers) + length(data) + 16, ts, priority"
     " FROM messages WHERE stream = ? ORDER BY seq"
 )
+# Every read of messages returns these columns, the checksum last, and verifies it.
 SQL_READ = (
-    "SELECT seq, subject, headers, data, ts, priority FROM messages WHERE stream = ? AND seq = ?"
+    "SELECT seq, subject, headers, data, ts, priority, crc FROM messages"
+    " WHERE stream = ? AND seq = ?"
 )
 SQL_READ_RANGE = (
-    "SELECT seq, subject, headers, data, ts, priority FROM messages"
+    "SELECT seq, subject, headers, data, ts, priority, crc FROM messages"
     " WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT ?"
 )
 SQL_READ_ROWS = (
-    "SELECT seq, subject, headers, data, ts FROM messages"
+    "SELECT seq, subject, headers, data, ts, priority, crc FROM messages"
     " WHERE stream = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?"
 )
 # The sequences arrive as one JSON array: one statement whatever their number.
 SQL_READ_MANY = (
-    "SELECT seq, subject, headers, data, ts, priority FROM messages"
+    "SELECT seq, subject, headers, data, ts, priority, crc FROM messages"
     " WHERE stream = ? AND seq IN (SELECT value FROM json_each(?)) ORDER BY seq"
 )
+
+
+# -- opening: checks and migrations ----------------------------------------------------
+
+
+def _repair_hint(directory: Path) -> str:
+    return (
+        f". Run `tether store check --store sqlite:{directory}` for a report and"
+        f" `tether store repair --store sqlite:{directory}` to keep what is intact"
+    )
+
+
+def _describe(claims: dict[str, int]) -> str:
+    names = sorted(claims)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{len(names)} stream{'s' if len(names) != 1 else ''} ({shown})"
+
+
+def held_streams(conn: sqlite3.Connection) -> dict[str, int]:
+    """Each stream the database holds (a definition or a high-water mark) -> its last
+    sequence; empty for a database without tables yet."""
+    (tables,) = conn.execute(SQL_HAS_TABLES).fetchone()
+    if not tables:
+        return {}
+    return {str(name): int(seq) for name, seq in conn.execute(SQL_HELD)}
+
+
+def _legacy_checksum(
+    stream: str, seq: int, subject: str, headers: bytes, data: bytes, ts: int, priority: int
+) -> int:
+    return checksum(stream_seed(stream), seq, subject, headers, data, ts, priority)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring an older schema up to :data:`SCHEMA_VERSION` (no-op for a new database)."""
+    columns = {row[0] for row in conn.execute(SQL_MESSAGE_COLUMNS)}
+    if columns and "crc" not in columns:
+        conn.create_function("tether_checksum", 7, _legacy_checksum, deterministic=True)
+        try:
+            conn.executescript(SQL_MIGRATE_1_TO_2)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute(SQL_ROLLBACK)
+            raise
 
 
 # -- the writer -------------------------------------------------------------------------
@@ -192,13 +275,22 @@ SQL_READ_MANY = (
 class _Writer:
     """The write connection and how a batch of ops becomes one transaction.
 
-    Runs only on the writer thread (see :class:`ThreadCommitter`).
+    Runs only on the writer thread (see :class:`ThreadCommitter`). It also keeps the
+    manifest (see manifest.py): what each stream held as of the last commit, and what
+    the manifest file claims, which is never more than a durable commit held.
     """
 
     def __init__(self, path: Path, sync: Literal["always", "os"]) -> None:
         self.path = path
         self.sync = sync
+        self.directory = path.parent
+        self.wal_path = path.with_name(path.name + WAL_SUFFIX)
         self._conn: sqlite3.Connection | None = None
+        self._held: dict[str, int] = {}  # stream -> last sequence, as of the last commit
+        self._claimed: dict[str, int] | None = None  # the manifest's claims (None: no file)
+        # True when ``_held`` is ahead of the manifest's claims. Read by the loop thread,
+        # after the settlement of the commit that set it, to schedule a refresh.
+        self.manifest_dirty = False
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -207,7 +299,7 @@ class _Writer:
         return self._conn
 
     def setup(self) -> None:
-        directory = self.path.parent
+        directory = self.directory
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -216,18 +308,73 @@ class _Writer:
             ) from exc
         if not os.access(directory, os.W_OK | os.X_OK):
             raise StorageError(f"the storage directory {directory} is not writable")
+        manifest = read_manifest(directory)
+        claims = manifest.streams if manifest is not None else {}
+        self._check_file(claims)
         try:
+            if claims:
+                self._check_claims(claims)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise StorageError(f"cannot open the database {self.path}: {exc}") from exc
+            raise self._open_error(exc) from exc
         try:
             self._configure(conn)
         except BaseException as exc:
             conn.close()
             if isinstance(exc, sqlite3.Error):
-                raise StorageError(f"cannot open the database {self.path}: {exc}") from exc
+                raise self._open_error(exc) from exc
             raise
         self._conn = conn
+        self._claimed = dict(claims) if manifest is not None else None
+        # What was just read may sit in the OS's cache only (a crashed run with
+        # sync="os"): make it durable before the manifest claims it.
+        self._write_claims(sync_database=True)
+
+    def _check_file(self, claims: dict[str, int]) -> None:
+        """Refuse a database file that is certainly damaged, or that is gone while the
+        manifest says it held streams (a new or emptied file would open as empty)."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = -1
+        if size <= 0:
+            # Nothing claimed: a new store, or one whose creation was interrupted.
+            if claims:
+                state = "is missing" if size < 0 else "is empty (0 bytes)"
+                raise DamagedStore(
+                    f"the database {self.path} {state}, but {MANIFEST_FILENAME} says it held"
+                    f" {_describe(claims)}{_repair_hint(self.directory)}"
+                )
+            return
+        problem = database_file_problem(self.path)
+        if problem is not None:
+            raise DamagedStore(f"the database {self.path} {problem}{_repair_hint(self.directory)}")
+
+    def _open_error(self, exc: sqlite3.Error) -> StorageError:
+        if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database"
+            return DamagedStore(
+                f"cannot open the database {self.path}: {exc}{_repair_hint(self.directory)}"
+            )
+        return StorageError(f"cannot open the database {self.path}: {exc}")
+
+    def _check_claims(self, claims: dict[str, int]) -> None:
+        """Refuse a database that holds less than the manifest claims. Read-only: a
+        refused store is left as it was found (a writing connection would copy what is
+        left of the write-ahead log into the database as it closes, and delete it)."""
+        conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, isolation_level=None)
+        try:
+            conn.execute(SQL_BUSY_TIMEOUT)
+            problems = compare(claims, held_streams(conn))
+        finally:
+            conn.close()
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise DamagedStore(
+                f"the store in {self.directory} lost committed data: {problems[0]}{more},"
+                f" according to {MANIFEST_FILENAME}; the database or its write-ahead log"
+                f" {self.wal_path.name} was deleted, truncated or damaged"
+                f"{_repair_hint(self.directory)}"
+            )
 
     def _configure(self, conn: sqlite3.Connection) -> None:
         (mode,) = conn.execute(SQL_JOURNAL_WAL).fetchone()
@@ -241,12 +388,78 @@ class _Writer:
                 f"the database {self.path} has schema version {version}, newer than this"
                 f" version of tether supports ({SCHEMA_VERSION})"
             )
+        migrate(conn)
         conn.executescript(SQL_SCHEMA)
+        self._held = held_streams(conn)
 
     def teardown(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
+            try:
+                self.flush_manifest()
+            finally:
+                conn.close()
+
+    # -- the manifest ------------------------------------------------------------------
+    def flush_manifest(self) -> None:
+        """Bring the manifest's claims up to the last commit, if they lag behind it."""
+        if self.manifest_dirty:
+            self._write_claims()
+
+    def _write_claims(self, *, sync_database: bool = False) -> None:
+        """Claim what the last commit held. Never raises: on failure the old claims,
+        which a durable commit held, stay, and a later call tries again."""
+        held = dict(self._held)
+        try:
+            if self.sync == "os" or sync_database:
+                # The commits are written but not necessarily on disk yet.
+                fsync_file(self.wal_path)
+                if sync_database:
+                    fsync_file(self.path)
+            write_manifest(self.directory, held)
+        except OSError:
+            self.manifest_dirty = True
+            return
+        self._claimed = held
+        self.manifest_dirty = False
+
+    def _unclaim(self, stream: str) -> None:
+        """Drop ``stream`` from the manifest before the commit that deletes it."""
+        claimed = self._claimed
+        if claimed is None or stream not in claimed:
+            return
+        rest = {name: seq for name, seq in claimed.items() if name != stream}
+        self.manifest_dirty = True  # the delete may yet fail: then the claim comes back
+        try:
+            write_manifest(self.directory, rest)
+        except OSError:
+            try:  # no manifest claims nothing, which is always true
+                remove_manifest(self.directory)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot update {self.directory / MANIFEST_FILENAME} before deleting"
+                    f" stream {stream!r}: {exc.strerror or exc}"
+                ) from exc
+            self._claimed = None
+            return
+        self._claimed = rest
+
+    def _committed(self, txn: _Transaction) -> None:
+        """Account for a transaction that just committed."""
+        held = self._held
+        for name, exists in txn.streams.items():
+            if exists:
+                held.setdefault(name, 0)
+            else:
+                held.pop(name, None)
+        for name, seq in txn.last_seqs.items():
+            if seq > held.get(name, 0):
+                held[name] = seq
+        claimed = self._claimed
+        if txn.streams and (claimed is None or held.keys() != claimed.keys()):
+            self._write_claims()  # a stream was created: claim it before its reply
+        elif txn.last_seqs:
+            self.manifest_dirty = True
 
     def commit(self, batches: Sequence[list[Op]]) -> None:
         conn = self.connection
@@ -256,7 +469,7 @@ class _Writer:
             if conn.in_transaction:  # left over by a failed ROLLBACK
                 conn.execute(SQL_ROLLBACK)
             conn.execute(SQL_BEGIN)
-            txn = _Transaction(conn)
+            txn = _Transaction(conn, self._unclaim)
             for ops in batches:
                 txn.apply(ops)
             txn.finish()
@@ -268,6 +481,7 @@ class _Writer:
                     f"commit to {self.path} failed and was rolled back: {exc}"
                 ) from exc
             raise
+        self._committed(txn)
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:
@@ -281,35 +495,52 @@ class _Transaction:
     """Turns ops into statements inside one open transaction, in op order.
 
     Appends are buffered, as one flat list of parameters, until an op that touches
-    messages needs them in place, then written a few hundred rows per statement. Consumer states are coalesced (the last one wins) until an op
+    messages needs them in place, then written a few hundred rows per statement.
+    Consumer states are coalesced (the last one wins) until an op
     that touches consumers needs them in place. Each stream's high-water mark is
     raised once, at the end.
+
+    Every appended row carries its checksum, computed here on the writer thread.
+    ``last_seqs`` and ``streams`` (created: True, deleted: False) tell the writer what
+    the transaction changed; ``unclaim(stream)`` runs before a stream is deleted.
     """
 
-    __slots__ = ("_conn", "_last_seqs", "_params", "_states")
+    __slots__ = ("_conn", "_params", "_states", "_unclaim", "last_seqs", "streams")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, unclaim: Callable[[str], None]) -> None:
         self._conn = conn
         self._params: list[str | int | bytes | bytearray] = []  # APPEND_COLUMNS per buffered row
         self._states: dict[tuple[str, str], bytes] = {}
-        self._last_seqs: dict[str, int] = {}
+        self._unclaim = unclaim
+        self.last_seqs: dict[str, int] = {}
+        self.streams: dict[str, bool] = {}
 
     def apply(self, ops: list[Op]) -> None:
-        conn, params, last_seqs = self._conn, self._params, self._last_seqs
+        conn, params, last_seqs = self._conn, self._params, self.last_seqs
+        seed_of, seed = "", 0  # the stream whose checksum seed is ``seed``
         for op in ops:
             if op[0] == APPEND:
                 stream, m = op[1], op[2]
+                if stream != seed_of:
+                    seed_of, seed = stream, stream_seed(stream)
+                # checksum(), inlined: this runs for every message published.
+                seq, ts, priority, headers, data = m.seq, m.ts, m.priority, m.headers, m.data
+                s = m.subject.encode()
+                crc = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
+                if headers:
+                    crc = crc32(headers, crc)
                 params += (
                     stream,
-                    m.seq,
+                    seq,
                     m.subject,
-                    _blob(m.headers),
-                    _blob(m.data),
-                    m.ts,
-                    m.priority,
+                    _blob(headers),
+                    _blob(data),
+                    ts,
+                    priority,
+                    crc32(data, crc),
                 )
-                if m.seq > last_seqs.get(stream, 0):
-                    last_seqs[stream] = m.seq
+                if seq > last_seqs.get(stream, 0):
+                    last_seqs[stream] = seq
             elif op[0] == PUT_CONSUMER_STATE:
                 self._states[(op[1], op[2])] = op[3]
             elif op[0] == DELETE_MESSAGES:
@@ -322,10 +553,13 @@ class _Transaction:
             elif op[0] == PUT_STREAM:
                 record = op[1]
                 conn.execute(SQL_PUT_STREAM, (record.name, record.config, record.created_ns))
+                self.streams[record.name] = True
             elif op[0] == DELETE_STREAM:
                 self._flush_rows()
                 self._flush_states()
                 stream = op[1]
+                self._unclaim(stream)
+                self.streams[stream] = False
                 last_seqs.pop(stream, None)  # the high-water mark goes with the stream
                 for sql in SQL_DELETE_STREAM:
                     conn.execute(sql, (stream,))
@@ -341,8 +575,8 @@ class _Transaction:
         """Write what is still buffered (the caller then commits)."""
         self._flush_rows()
         self._flush_states()
-        if self._last_seqs:
-            self._conn.executemany(SQL_RAISE_LAST_SEQ, self._last_seqs.items())
+        if self.last_seqs:
+            self._conn.executemany(SQL_RAISE_LAST_SEQ, self.last_seqs.items())
 
     def _flush_rows(self) -> None:
         params = self._params
@@ -501,48 +735,116 @@ class _MessageCache:
 
 
 # -- reads (on the reader threads) ------------------------------------------------------
+# Rows come back as (seq, subject, headers, data, ts, priority, crc). Each is checked
+# against its checksum before anything of it is returned: a damaged message raises
+# CorruptMessage, it is never served as content.
+
+Row = tuple[int, str, bytes, bytes, int, int, int]
 
 
-def _read(conn: sqlite3.Connection, stream: str, seq: int) -> StoredMessage | None:
-    row = conn.execute(SQL_READ, (stream, seq)).fetchone()
-    return None if row is None else StoredMessage(*row)
+def _damage_hint(path: Path) -> str:
+    return (
+        f" in {path}; `tether store check --store sqlite:{path.parent}` lists the damage,"
+        " `tether store repair` keeps what is intact"
+    )
 
 
-def _read_range(
-    conn: sqlite3.Connection, stream: str, start_seq: int, limit: int, max_bytes: int
-) -> list[StoredMessage]:
-    cursor = conn.execute(SQL_READ_RANGE, (stream, start_seq, limit))
-    if max_bytes <= 0:
-        return [StoredMessage(*row) for row in cursor]
+# A damaged row may even hold values of the wrong type (a TEXT where a BLOB was).
+_WRONG_TYPE = (TypeError, AttributeError, ValueError, struct.error)
+
+
+def _verified(stream: str, rows: Sequence[Row], path: Path) -> list[StoredMessage]:
+    """The messages of ``rows``, each checked against its checksum (inlined
+    :func:`~tether.storage.checksum.checksum`: this runs for every message read)."""
+    seed = stream_seed(stream)
     out: list[StoredMessage] = []
-    total = 0
+    add = out.append
+    seq = 0
     try:
-        for row in cursor:
-            message = StoredMessage(*row)
-            total += _size(message)
-            if out and total > max_bytes:
-                break
-            out.append(message)
-    finally:
-        cursor.close()  # stop the statement early rather than stepping it to the end
+        for seq, subject, headers, data, ts, priority, crc in rows:
+            s = subject.encode()
+            c = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
+            if headers:
+                c = crc32(headers, c)
+            if crc32(data, c) != crc:
+                raise CorruptMessage(stream, seq, _damage_hint(path))
+            add(StoredMessage(seq, subject, headers, data, ts, priority))
+    except _WRONG_TYPE:
+        raise CorruptMessage(stream, seq, _damage_hint(path)) from None
     return out
 
 
+def _check_rows(stream: str, rows: list[Row], path: Path) -> None:
+    """Raise CorruptMessage for the first of ``rows`` that does not match its checksum."""
+    seed = stream_seed(stream)
+    seq = 0
+    try:
+        for seq, subject, headers, data, ts, priority, crc in rows:
+            s = subject.encode()
+            c = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
+            if headers:
+                c = crc32(headers, c)
+            if crc32(data, c) != crc:
+                raise CorruptMessage(stream, seq, _damage_hint(path))
+    except _WRONG_TYPE:
+        raise CorruptMessage(stream, seq, _damage_hint(path)) from None
+
+
+def _read(conn: sqlite3.Connection, path: Path, stream: str, seq: int) -> StoredMessage | None:
+    row = conn.execute(SQL_READ, (stream, seq)).fetchone()
+    return None if row is None else _verified(stream, (row,), path)[0]
+
+
+def _read_range(
+    conn: sqlite3.Connection,
+    path: Path,
+    stream: str,
+    start_seq: int,
+    limit: int,
+    max_bytes: int,
+) -> list[StoredMessage]:
+    # Rows are fetched before they are verified: a statement left open by an error
+    # would hold its read transaction, and this connection's later reads would see
+    # that old snapshot.
+    cursor = conn.execute(SQL_READ_RANGE, (stream, start_seq, limit))
+    if max_bytes <= 0:
+        return _verified(stream, cursor.fetchall(), path)
+    rows: list[Row] = []
+    total = 0
+    try:
+        for row in cursor:
+            total += len(row[1]) + len(row[2]) + len(row[3]) + 16
+            if rows and total > max_bytes:
+                break
+            rows.append(row)
+    finally:
+        cursor.close()  # stop the statement early rather than stepping it to the end
+    return _verified(stream, rows, path)
+
+
 def _read_columns(
-    conn: sqlite3.Connection, stream: str, start_seq: int, last_seq: int, limit: int
+    conn: sqlite3.Connection,
+    path: Path,
+    stream: str,
+    start_seq: int,
+    last_seq: int,
+    limit: int,
 ) -> MessageColumns:
     # fetchall builds the row tuples in C, zip turns them into columns: no Python
-    # frame per row.
+    # frame per row but the checksum's.
     rows = conn.execute(SQL_READ_ROWS, (stream, start_seq, last_seq, limit)).fetchall()
     if not rows:
         return MessageColumns([], [], [], [], [])
-    seqs, subjects, headers, data, stamps = map(list, zip(*rows, strict=True))
+    _check_rows(stream, rows, path)
+    seqs, subjects, headers, data, stamps, _, _ = map(list, zip(*rows, strict=True))
     return MessageColumns(seqs, subjects, headers, data, stamps)
 
 
-def _read_many(conn: sqlite3.Connection, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
+def _read_many(
+    conn: sqlite3.Connection, path: Path, stream: str, seqs: Sequence[int]
+) -> list[StoredMessage]:
     wanted = msgspec.json.encode(list(seqs)).decode()
-    return [StoredMessage(*row) for row in conn.execute(SQL_READ_MANY, (stream, wanted))]
+    return _verified(stream, conn.execute(SQL_READ_MANY, (stream, wanted)).fetchall(), path)
 
 
 def _load_index(conn: sqlite3.Connection, stream: str) -> list[MessageMeta]:
@@ -565,12 +867,27 @@ def _load_last_seq(conn: sqlite3.Connection, stream: str) -> int:
 # -- the store --------------------------------------------------------------------------
 
 
+def _flush_manifest(writer: _Writer) -> None:
+    writer.flush_manifest()
+
+
+def _ignore_outcome(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a failure is retried by the next refresh
+
+
 class SqliteStore(BatchingStore):
     """A durable store in ``directory/tether.db`` (the directory is created if missing).
 
     ``sync="always"`` fsyncs every group commit; ``sync="os"`` leaves flushing to the
     OS (durable across a process crash, not a power loss). ``cache_bytes`` bounds the
     cache behind :meth:`cached` (0 disables it).
+
+    Next to the database, ``tether.manifest`` records the streams and their last
+    sequences (see manifest.py): at once when streams are created or deleted, else
+    at most every ``manifest_interval`` seconds while messages are appended, and when
+    the store closes. :meth:`open` refuses a store that holds less than it claims,
+    with a :class:`DamagedStore` error.
     """
 
     name = "sqlite"
@@ -580,6 +897,7 @@ class SqliteStore(BatchingStore):
         directory: str | Path,
         sync: Literal["always", "os"] = "always",
         cache_bytes: int = 64 * MiB,
+        manifest_interval: float = 0.2,
     ) -> None:
         super().__init__()
         if sync not in ("always", "os"):
@@ -598,6 +916,8 @@ class SqliteStore(BatchingStore):
         self._local = threading.local()
         self._state = "new"
         self._closing: asyncio.Future[None] | None = None
+        self._manifest_interval = manifest_interval
+        self._manifest_timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle -------------------------------------------------------------------
     async def open(self) -> None:
@@ -620,6 +940,9 @@ class SqliteStore(BatchingStore):
             await self._drain()
             self._group.close()
         self._state = "closed"
+        if self._manifest_timer is not None:
+            self._manifest_timer.cancel()  # the writer brings it up to date as it stops
+            self._manifest_timer = None
         readers, self._readers = self._readers, None
         if readers is not None:
             # Reads in flight finish on their own; none can start any more.
@@ -651,6 +974,21 @@ class SqliteStore(BatchingStore):
             if error is None and cache is not None:
                 cache.apply(batch.ops)
             group.settle(batch, error)
+        if self._writer.manifest_dirty and self._manifest_timer is None and self._state == "open":
+            self._manifest_timer = asyncio.get_running_loop().call_later(
+                self._manifest_interval, self._refresh_manifest
+            )
+
+    def _refresh_manifest(self) -> None:
+        """Have the writer bring the manifest up to date, between two commits."""
+        self._manifest_timer = None
+        if self._state != "open":
+            return
+        try:
+            done = self._committer.call(_flush_manifest)
+        except StorageError:
+            return  # the writer is stopping: it brings the manifest up to date itself
+        done.add_done_callback(_ignore_outcome)
 
     # -- reads -----------------------------------------------------------------------
     async def _run_read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -693,7 +1031,7 @@ class SqliteStore(BatchingStore):
         hit = self.cached(stream, seq)
         if hit is not None:
             return hit
-        return await self._run_read(lambda conn: _read(conn, stream, seq))
+        return await self._run_read(lambda conn: _read(conn, self.path, stream, seq))
 
     async def read_range(
         self, stream: str, start_seq: int, limit: int, max_bytes: int = 0
@@ -701,7 +1039,7 @@ class SqliteStore(BatchingStore):
         if limit <= 0:
             return []
         return await self._run_read(
-            lambda conn: _read_range(conn, stream, start_seq, limit, max_bytes)
+            lambda conn: _read_range(conn, self.path, stream, start_seq, limit, max_bytes)
         )
 
     async def read_columns(
@@ -710,7 +1048,7 @@ class SqliteStore(BatchingStore):
         if limit <= 0 or last_seq < start_seq:
             return MessageColumns([], [], [], [], [])
         return await self._run_read(
-            lambda conn: _read_columns(conn, stream, start_seq, last_seq, limit)
+            lambda conn: _read_columns(conn, self.path, stream, start_seq, last_seq, limit)
         )
 
     async def read_many(self, stream: str, seqs: Sequence[int]) -> list[StoredMessage]:
@@ -722,7 +1060,7 @@ class SqliteStore(BatchingStore):
             hits = [cache.get(stream, seq) for seq in wanted]
             if all(hit is not None for hit in hits):
                 return [hit for hit in hits if hit is not None]
-        return await self._run_read(lambda conn: _read_many(conn, stream, wanted))
+        return await self._run_read(lambda conn: _read_many(conn, self.path, stream, wanted))
 
     def cached(self, stream: str, seq: int) -> StoredMessage | None:
         cache = self._cache

@@ -1,0 +1,520 @@
+"""Checking and repairing a SQLite store's files (``tether store check|repair``).
+
+:func:`check_store` reads everything, changes nothing, and reports: the database
+file against its header, SQLite's own structural check, every message against its
+checksum, every stream against the manifest's claims.
+
+:func:`repair_store` copies everything that verifies into a new database, moves the
+damaged files aside under a timestamped name (nothing is deleted), makes the new
+database the store's and writes a new manifest. Each stream's last sequence stays at
+least what it was known to be, so lost sequences are never handed out again: they read
+as deleted messages. It reports what was lost.
+
+Both run in a process of their own with the server stopped; :func:`repair_store`
+refuses to run while another process has the database open.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tether.storage.base import StorageError
+from tether.storage.checksum import checksum, stream_seed
+from tether.storage.manifest import (
+    MANIFEST_FILENAME,
+    compare,
+    database_file_problem,
+    fsync_file,
+    read_manifest,
+    write_manifest,
+)
+from tether.storage.sqlite import DB_FILENAME, SQL_HAS_TABLES, SQL_HELD, SQL_SCHEMA, WAL_SUFFIX
+
+__all__ = ["RepairReport", "StoreReport", "StreamReport", "check_store", "repair_store"]
+
+SHM_SUFFIX = "-shm"
+REPAIRING = f"{DB_FILENAME}.repairing"
+# A message's columns, in the order of SQL_SCAN.
+_SCAN_COLUMNS = "seq, subject, headers, data, ts, priority, crc"
+SQL_SCAN = f"SELECT {_SCAN_COLUMNS} FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq"
+SQL_PROBE = "SELECT seq FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT 1"
+SQL_MESSAGE_STREAMS = "SELECT DISTINCT stream FROM messages"
+SQL_STREAMS = "SELECT name, config, created_ns FROM streams"
+SQL_CONSUMERS = "SELECT stream, name, config, state, created_ns FROM consumers"
+SQL_INSERT_STREAM = "INSERT INTO streams (name, config, created_ns) VALUES (?, ?, ?)"
+SQL_INSERT_SEQ = "INSERT INTO stream_seq (stream, last_seq) VALUES (?, ?)"
+SQL_INSERT_MESSAGE = (
+    f"INSERT INTO messages (stream, {_SCAN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_INSERT_CONSUMER = (
+    "INSERT INTO consumers (stream, name, config, state, created_ns) VALUES (?, ?, ?, ?, ?)"
+)
+# SQLite's lock bytes: every connection to a WAL database holds a read lock on the
+# "shared" range for as long as it is open (see SQLite's file format, section Locking).
+_SHARED_FIRST = 0x40000000 + 2
+_SHARED_SIZE = 510
+_SHOWN = 20  # damaged sequences listed per stream; the count is always complete
+
+
+@dataclass
+class StreamReport:
+    """One stream as found in the database (and in the manifest)."""
+
+    name: str
+    defined: bool  # its definition (configuration) is there
+    last_seq: int  # its high-water mark in the database
+    claimed: int | None = None  # the manifest's claim: messages up to this were committed
+    messages: int = 0  # rows read
+    damaged: list[int] = field(default_factory=list)  # sequences that fail their checksum
+    unreadable: list[str] = field(default_factory=list)  # parts that could not be read
+
+    @property
+    def verified(self) -> int:
+        return self.messages - len(self.damaged)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.damaged or self.unreadable or self.short_by)
+
+    @property
+    def short_by(self) -> int:
+        """How far the database's last sequence falls short of the manifest's claim."""
+        return max(0, (self.claimed or 0) - self.last_seq)
+
+    def lines(self) -> list[str]:
+        what = "" if self.defined else " (no definition: the engine cannot load it)"
+        out = [
+            f"stream {self.name!r}{what}: {self.messages} messages, {self.verified} verified,"
+            f" last sequence {self.last_seq}"
+            + (f" (manifest: at least {self.claimed})" if self.claimed is not None else "")
+        ]
+        if self.damaged:
+            shown = ", ".join(map(str, self.damaged[:_SHOWN]))
+            more = f" and {len(self.damaged) - _SHOWN} more" if len(self.damaged) > _SHOWN else ""
+            out.append(f"  {len(self.damaged)} damaged (checksum mismatch): sequence {shown}{more}")
+        out.extend(f"  unreadable: {why}" for why in self.unreadable)
+        if self.short_by:
+            out.append(
+                f"  sequences {self.last_seq + 1} to {self.claimed} were committed and are"
+                " gone (a deleted or damaged write-ahead log, or a truncated database)"
+            )
+        return out
+
+
+@dataclass
+class StoreReport:
+    """What :func:`check_store` found."""
+
+    directory: Path
+    files: list[str] = field(default_factory=list)  # what is there, one line each
+    problems: list[str] = field(default_factory=list)  # store-wide problems
+    streams: list[StreamReport] = field(default_factory=list)
+    consumers: int = 0
+    claims: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(s.ok for s in self.streams)
+
+    @property
+    def damaged(self) -> int:
+        return sum(len(s.damaged) for s in self.streams)
+
+    def lines(self, *, advice: bool = True) -> list[str]:
+        out = [f"store {self.directory}", *(f"  {line}" for line in self.files)]
+        out += [line for s in self.streams for line in s.lines()]
+        messages = sum(s.messages for s in self.streams)
+        verified = sum(s.verified for s in self.streams)
+        out.append(
+            f"{_streams(len(self.streams))}, {messages} messages, {verified} verified,"
+            f" {self.damaged} damaged, {self.consumers} consumers"
+        )
+        out += [f"problem: {p}" for p in self.problems]
+        if self.ok:
+            out.append("the store is whole")
+        elif advice:
+            out.append(
+                "the store is damaged: `tether store repair --store sqlite:"
+                f"{self.directory}` keeps what is intact (stop the server first)"
+            )
+        return out
+
+
+@dataclass
+class RepairReport:
+    """What :func:`repair_store` did."""
+
+    found: StoreReport
+    repaired: bool = False
+    kept: dict[str, int] = field(default_factory=dict)  # stream -> messages kept
+    lost: list[str] = field(default_factory=list)
+    moved: list[Path] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        if not self.repaired:
+            return [*self.found.lines(), "nothing to repair"]
+        out = [*self.found.lines(advice=False), "repaired:"]
+        out += [f"  moved aside: {path.name}" for path in self.moved]
+        out += [
+            f"  stream {name!r}: {_plural(n, 'message')} kept"
+            for name, n in sorted(self.kept.items())
+        ]
+        out += [f"  lost: {what}" for what in self.lost] or ["  nothing was lost"]
+        out.append(f"  a new {DB_FILENAME} and {MANIFEST_FILENAME} are in place")
+        return out
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _streams(n: int) -> str:
+    return _plural(n, "stream")
+
+
+# -- reading a damaged database ---------------------------------------------------------
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    # Without a write-ahead log there is nothing but the file to read: "immutable" then
+    # keeps SQLite from creating an empty log and shared-memory file next to it.
+    wal = path.with_name(path.name + WAL_SUFFIX)
+    options = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    conn = sqlite3.connect(f"{path.as_uri()}?{options}", uri=True, isolation_level=None)
+    conn.text_factory = bytes  # a damaged subject may not even be UTF-8
+    return conn
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
+
+
+def _rows(conn: sqlite3.Connection, stream: str, bound: int) -> Iterator[tuple[object, ...] | str]:
+    """Every row of ``stream`` in order, and a sentence for each stretch that could not
+    be read: the scan skips forward past it (1, 2, 4… sequences) until reads work again,
+    up to sequence ``bound``."""
+    start = 1
+    while True:
+        try:
+            for row in conn.execute(SQL_SCAN, (stream, start)):
+                yield row
+                if isinstance(row[0], int):
+                    start = row[0] + 1
+            return
+        except sqlite3.DatabaseError as exc:
+            failed_at = start
+            step = 1
+            while True:
+                start = failed_at + step
+                if start > max(bound, failed_at + 1):
+                    yield f"from sequence {failed_at} on: {exc}"
+                    return
+                try:
+                    conn.execute(SQL_PROBE, (stream, start)).fetchone()
+                except sqlite3.DatabaseError:
+                    step *= 2
+                    continue
+                break
+            yield f"sequences {failed_at} to {start - 1}: {exc}"
+
+
+def _verifies(stream: str, row: tuple[object, ...]) -> bool:
+    seq, subject, headers, data, ts, priority, crc = row
+    try:
+        computed = checksum(
+            stream_seed(stream),
+            seq,  # type: ignore[arg-type]
+            subject,  # type: ignore[arg-type]
+            headers,  # type: ignore[arg-type]
+            data,  # type: ignore[arg-type]
+            ts,  # type: ignore[arg-type]
+            priority,  # type: ignore[arg-type]
+        )
+    except (TypeError, ValueError, AttributeError, struct.error):  # values of the wrong type
+        return False
+    return computed == crc
+
+
+def _held(conn: sqlite3.Connection) -> dict[str, int]:
+    (tables,) = conn.execute(SQL_HAS_TABLES).fetchone()
+    if not tables:
+        return {}
+    return {_text(name): int(seq) for name, seq in conn.execute(SQL_HELD)}
+
+
+def _describe_file(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path.name}: missing"
+    return f"{path.name}: {size} bytes"
+
+
+def _scan(
+    directory: Path,
+    copy: sqlite3.Connection | None = None,
+) -> StoreReport:
+    """Check the store in ``directory``; with ``copy``, also insert every row that
+    verifies into that (new, empty) database."""
+    db = directory / DB_FILENAME
+    wal = directory / (DB_FILENAME + WAL_SUFFIX)
+    report = StoreReport(directory)
+    report.files = [_describe_file(db), _describe_file(wal)]
+    try:
+        manifest = read_manifest(directory)
+    except StorageError as exc:
+        report.problems.append(str(exc))
+        manifest = None
+    if manifest is None:
+        report.files.append(f"{MANIFEST_FILENAME}: missing (nothing to compare with)")
+    else:
+        report.claims = dict(manifest.streams)
+        report.files.append(f"{MANIFEST_FILENAME}: {_streams(len(manifest.streams))}")
+    size = db.stat().st_size if db.exists() else -1
+    if size <= 0:
+        if report.claims or size == 0:
+            state = "is missing" if size < 0 else "is empty (0 bytes)"
+            report.problems.append(f"the database {db} {state}")
+        elif manifest is None:
+            report.problems.append(f"there is no store in {directory}")
+        _missing_streams(report, {})
+        return report
+    problem = database_file_problem(db)
+    if problem is not None:
+        report.problems.append(f"the database {db} {problem}")
+    try:
+        conn = _open_read_only(db)
+    except sqlite3.Error as exc:
+        report.problems.append(f"cannot open the database {db}: {exc}")
+        _missing_streams(report, {})
+        return report
+    try:
+        _scan_database(conn, report, copy)
+    finally:
+        conn.close()
+    return report
+
+
+def _scan_database(
+    conn: sqlite3.Connection, report: StoreReport, copy: sqlite3.Connection | None
+) -> None:
+    try:
+        findings = [_text(row[0]) for row in conn.execute("PRAGMA quick_check")]
+    except sqlite3.DatabaseError as exc:
+        findings = [str(exc)]
+    if findings != ["ok"]:
+        more = f" (and {len(findings) - 1} more findings)" if len(findings) > 1 else ""
+        report.problems.append(f"SQLite finds the database damaged: {findings[0]}{more}")
+    try:
+        held = _held(conn)
+    except sqlite3.DatabaseError as exc:
+        report.problems.append(f"cannot read the streams' last sequences: {exc}")
+        held = {}
+    definitions: dict[str, tuple[object, ...]] = {}
+    try:
+        for row in conn.execute(SQL_STREAMS):
+            definitions[_text(row[0])] = row
+    except sqlite3.DatabaseError as exc:
+        report.problems.append(f"cannot read every stream definition: {exc}")
+    names = set(held) | set(definitions)
+    try:
+        unknown = {_text(n) for (n,) in conn.execute(SQL_MESSAGE_STREAMS)} - names
+    except sqlite3.DatabaseError:
+        unknown = set()
+    for name in sorted(unknown):
+        report.problems.append(
+            f"messages under stream name {name!r}, which no stream has (a damaged key?)"
+        )
+    _missing_streams(report, held)
+    claims = report.claims
+    for name in sorted(names):
+        stream = StreamReport(
+            name, name in definitions, held.get(name, 0), claims.get(name) if claims else None
+        )
+        report.streams.append(stream)
+        if copy is not None and name in definitions:
+            copy.execute(SQL_INSERT_STREAM, (name, *definitions[name][1:]))
+        bound = max(stream.last_seq, stream.claimed or 0)
+        for row in _rows(conn, name, bound):
+            if isinstance(row, str):
+                stream.unreadable.append(row)
+                continue
+            stream.messages += 1
+            if not _verifies(name, row):
+                stream.damaged.append(row[0] if isinstance(row[0], int) else -1)
+            elif copy is not None:
+                copy.execute(SQL_INSERT_MESSAGE, (name, row[0], _text(row[1]), *row[2:]))
+    try:
+        for row in conn.execute(SQL_CONSUMERS):
+            report.consumers += 1
+            if copy is not None and _text(row[0]) in names:
+                copy.execute(SQL_INSERT_CONSUMER, (_text(row[0]), _text(row[1]), *row[2:]))
+    except sqlite3.DatabaseError as exc:
+        report.problems.append(f"cannot read every consumer: {exc}")
+
+
+def _missing_streams(report: StoreReport, held: dict[str, int]) -> None:
+    """The streams the manifest claims and the database lacks (a stream that is there
+    but shorter than claimed is reported with the stream)."""
+    claims = report.claims
+    lacking = {name: seq for name, seq in claims.items() if name not in held}
+    report.problems += [f"{p}, according to the manifest" for p in compare(lacking, {})]
+
+
+def check_store(directory: str | Path) -> StoreReport:
+    """Check the store in ``directory`` without changing anything."""
+    return _scan(Path(directory).absolute())
+
+
+# -- repairing --------------------------------------------------------------------------
+
+
+def in_use(db: Path) -> bool:
+    """True when another process has the database open (it holds SQLite's shared lock).
+
+    Never call it in a process that has the database open itself: closing any file
+    descriptor of a file drops every POSIX lock the process holds on it.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system: cannot tell
+        return False
+    try:
+        fd = os.open(db, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, _SHARED_SIZE, _SHARED_FIRST)
+        except OSError:
+            return True
+        fcntl.lockf(fd, fcntl.LOCK_UN, _SHARED_SIZE, _SHARED_FIRST)
+        return False
+    finally:
+        os.close(fd)
+
+
+def repair_store(directory: str | Path) -> RepairReport:
+    """Keep what verifies of the store in ``directory`` and report what was lost.
+
+    Does nothing to a whole store. Raises :class:`StorageError` when the database is
+    in use or the new files cannot be written.
+    """
+    directory = Path(directory).absolute()
+    db = directory / DB_FILENAME
+    try:
+        busy = in_use(db)
+    except OSError as exc:
+        raise StorageError(f"cannot open {db}: {exc.strerror or exc}") from exc
+    if busy:
+        raise StorageError(f"{db} is in use: stop the server before repairing its store")
+    found = check_store(directory)
+    if found.ok:
+        return RepairReport(found)
+    if not db.exists() and not (directory / MANIFEST_FILENAME).exists():
+        raise StorageError(f"there is no store in {directory}")
+    new = directory / REPAIRING
+    for leftover in (new, *_companions(new)):
+        leftover.unlink(missing_ok=True)
+    try:
+        conn = sqlite3.connect(new, isolation_level=None)
+        try:
+            conn.executescript(SQL_SCHEMA)
+            conn.execute("BEGIN IMMEDIATE")
+            salvaged = _scan(directory, conn)
+            seqs = _last_seqs(salvaged, conn)
+            for name, seq in seqs.items():
+                conn.execute(SQL_INSERT_SEQ, (name, seq))
+            conn.execute("COMMIT")
+        finally:
+            conn.close()  # checkpoints the new database's log into it
+        fsync_file(new)
+        report = RepairReport(salvaged, repaired=True)
+        report.moved = _move_aside(directory)
+        os.replace(new, db)
+        write_manifest(directory, seqs)  # also makes the renames durable
+    except (OSError, sqlite3.Error) as exc:
+        raise StorageError(f"repairing the store in {directory} failed: {exc}") from exc
+    _account(report, seqs)
+    return report
+
+
+def _companions(db: Path) -> list[Path]:
+    return [db.with_name(db.name + WAL_SUFFIX), db.with_name(db.name + SHM_SUFFIX)]
+
+
+def _last_seqs(report: StoreReport, conn: sqlite3.Connection) -> dict[str, int]:
+    """Each kept stream's last sequence: never below what it was known to be, so that
+    sequences of lost messages are not handed out again."""
+    kept: dict[str, int] = {}
+    for (name,) in conn.execute("SELECT name FROM streams"):
+        kept[str(name)] = 0
+    for name, last in conn.execute("SELECT stream, max(seq) FROM messages GROUP BY stream"):
+        kept[str(name)] = int(last)
+    for stream in report.streams:
+        if stream.name in kept:
+            kept[stream.name] = max(kept[stream.name], stream.last_seq, stream.claimed or 0)
+    return kept
+
+
+def _move_aside(directory: Path) -> list[Path]:
+    """Rename the damaged files out of the way: ``tether.db`` becomes
+    ``tether.db.damaged-<time>``, and its log and shared-memory file follow it (under
+    the names SQLite pairs with it), as does the manifest."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = f"{DB_FILENAME}.damaged-{stamp}"
+    n = 1
+    while any(directory.glob(f"{aside}*")):  # two repairs within one second
+        n += 1
+        aside = f"{DB_FILENAME}.damaged-{stamp}.{n}"
+    renames = [(DB_FILENAME, aside)]
+    renames += [(DB_FILENAME + x, aside + x) for x in (WAL_SUFFIX, SHM_SUFFIX)]
+    renames.append((MANIFEST_FILENAME, aside.replace(DB_FILENAME, MANIFEST_FILENAME, 1)))
+    moved: list[Path] = []
+    for name, target in renames:
+        if (directory / name).exists():
+            (directory / name).rename(directory / target)
+            moved.append(directory / target)
+    return moved
+
+
+def _account(report: RepairReport, seqs: dict[str, int]) -> None:
+    found = report.found
+    for stream in found.streams:
+        if stream.name not in seqs:
+            report.lost.append(
+                f"stream {stream.name!r}: {_plural(stream.messages, 'message')} without a"
+                " definition"
+            )
+            continue
+        report.kept[stream.name] = stream.verified
+        if stream.damaged:
+            shown = ", ".join(map(str, stream.damaged[:_SHOWN]))
+            more = (
+                f" and {len(stream.damaged) - _SHOWN} more" if len(stream.damaged) > _SHOWN else ""
+            )
+            report.lost.append(
+                f"stream {stream.name!r}: {_plural(len(stream.damaged), 'damaged message')}"
+                f" (sequence {shown}{more})"
+            )
+        report.lost += [f"stream {stream.name!r}: unreadable {why}" for why in stream.unreadable]
+        if stream.short_by:
+            report.lost.append(
+                f"stream {stream.name!r}: sequences {stream.last_seq + 1} to {stream.claimed}"
+                " (committed, then lost with the write-ahead log or the database's end)"
+            )
+    present = {s.name for s in found.streams}
+    for name, seq in sorted(found.claims.items()):
+        if name not in present:
+            report.lost.append(
+                f"stream {name!r}: the whole stream (definition, consumers and messages"
+                f" up to sequence {seq})"
+            )
