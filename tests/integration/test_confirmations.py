@@ -32,7 +32,7 @@ JOBS = "/channel/tasks/consumer/w"
 
 @pytest.fixture
 async def app(tmp_path: Path) -> AsyncIterator[Tether]:
-    app = Tether(ServerConfig(port=0, http_port=0, store=f"sqlite:{tmp_path}"))
+    app = Tether(ServerConfig(port=0, http_port=0, nsq_port=0, store=f"sqlite:{tmp_path}"))
     await app.start()
     try:
         yield app

@@ -143,6 +143,9 @@ SQL_HELD = (
 )
 
 SQL_BEGIN = "BEGIN IMMEDIATE"
+SQL_SAVEPOINT = "SAVEPOINT probe"
+SQL_ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO probe"
+SQL_RELEASE_SAVEPOINT = "RELEASE probe"
 SQL_COMMIT = "COMMIT"
 SQL_ROLLBACK = "ROLLBACK"
 
@@ -489,6 +492,74 @@ class _Writer:
             # If even ROLLBACK fails, the next commit retries it before its BEGIN.
             with contextlib.suppress(sqlite3.Error):
                 conn.execute(SQL_ROLLBACK)
+
+    def find_culprits(self, ops: list[Op], error: BaseException) -> list[tuple[int, str]]:
+        """The ops that cannot be stored (see ``Isolating``), found by bisection: a run
+        of ops is applied in a savepoint of a transaction that is rolled back at the
+        end; a run that fails is split in two. Nothing is to blame when the failure is
+        not about a value (a full disk, an I/O error, ...)."""
+        if not _about_a_value(error):
+            return []
+        conn = self.connection
+        found: list[tuple[int, str]] = []
+
+        def probe(lo: int, hi: int) -> bool:
+            """Apply ops[lo:hi], keeping what can be kept; False: give up."""
+            conn.execute(SQL_SAVEPOINT)
+            try:
+                txn = _Transaction(conn, lambda _stream: None)  # no manifest bookkeeping
+                txn.apply(ops[lo:hi])
+                txn.finish()
+            except Exception as exc:
+                conn.execute(SQL_ROLLBACK_TO_SAVEPOINT)
+                conn.execute(SQL_RELEASE_SAVEPOINT)
+                if not _about_a_value(exc):
+                    return False
+                if hi - lo == 1:
+                    found.append((lo, str(exc)))
+                    return True
+                mid = (lo + hi) // 2
+                return probe(lo, mid) and probe(mid, hi)
+            conn.execute(SQL_RELEASE_SAVEPOINT)
+            return True
+
+        try:
+            if conn.in_transaction:
+                conn.execute(SQL_ROLLBACK)
+            conn.execute(SQL_BEGIN)
+            if not probe(0, len(ops)):
+                return []
+        except sqlite3.Error:
+            return []
+        finally:
+            self._rollback(conn)
+        return found
+
+
+# sqlite3 errors about a value rather than the database or the disk.
+_VALUE_ERRORS = frozenset(
+    (
+        sqlite3.SQLITE_CONSTRAINT,
+        sqlite3.SQLITE_MISMATCH,
+        sqlite3.SQLITE_TOOBIG,
+        sqlite3.SQLITE_RANGE,
+    )
+)
+
+
+def _about_a_value(error: BaseException) -> bool:
+    """Whether a failed write is to blame on a value it carried (a number too large
+    for an INTEGER, a string that is not UTF-8, ...), not on the store."""
+    if isinstance(error, StorageError):
+        if not isinstance(error.__cause__, sqlite3.Error):
+            return False
+        error = error.__cause__
+    if isinstance(error, sqlite3.Error):
+        if isinstance(error, sqlite3.InterfaceError | sqlite3.ProgrammingError):
+            return True  # a parameter it cannot bind
+        code = getattr(error, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in _VALUE_ERRORS
+    return not isinstance(error, OSError | MemoryError)
 
 
 class _Transaction:
@@ -907,7 +978,10 @@ class SqliteStore(BatchingStore):
         self.sync: Literal["always", "os"] = sync
         self._writer = _Writer(self.path, sync)
         self._committer = ThreadCommitter(
-            self._writer, name="tether-sqlite-writer", on_settled=self._settle
+            self._writer,
+            name="tether-sqlite-writer",
+            on_settled=self._settle,
+            on_refused=self._refused,
         )
         self._cache = _MessageCache(cache_bytes) if cache_bytes > 0 else None
         self._readers: ThreadPoolExecutor | None = None
