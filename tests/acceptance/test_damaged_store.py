@@ -126,7 +126,9 @@ async def test_a_flipped_byte_is_an_error_and_the_server_stays_up(tmp_path: Path
         with pytest.raises(APIError) as info:
             await jsm.get_msg(STREAM, 5)
         assert info.value.code == 500
-        # DIRECT.GET, alone or in a batch that covers it, never sends the damaged bytes.
+        assert "message 5 of stream 'ORDERS' is damaged" in str(info.value.description)
+        # DIRECT.GET, alone or in a batch that covers it, never sends the damaged bytes:
+        # it answers with an error status naming the damage.
         for request in (b'{"seq": 5}', b'{"seq": 4, "batch": 3}'):
             sub = await nc.subscribe(nc.new_inbox())
             await nc.publish(f"$JS.API.DIRECT.GET.{STREAM}", request, reply=sub.subject)
@@ -136,6 +138,10 @@ async def test_a_flipped_byte_is_an_error_and_the_server_stays_up(tmp_path: Path
                     got.append((await sub.next_msg(timeout=0.5)).data)
             assert not any(data.startswith(marker(5)) for data in got), got
             await sub.unsubscribe()
+        status = await nc.request(f"$JS.API.DIRECT.GET.{STREAM}", b'{"seq": 5}', timeout=5)
+        assert status.headers is not None
+        assert status.headers.get("Status") == "500", status.headers
+        assert "is damaged" in status.headers.get("Description", ""), status.headers
         # Everything else is served, and publishing goes on.
         for seq in (4, 6, 10):
             assert (await jsm.get_msg(STREAM, seq)).data == payloads[seq - 1]

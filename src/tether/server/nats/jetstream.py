@@ -41,7 +41,7 @@ from tether.server.nats.requests import (
 )
 from tether.server.nats.router import Router
 from tether.server.nats.subscriptions import InternalSubscription
-from tether.storage.base import StoredMessage
+from tether.storage.base import StorageError, StoredMessage
 
 log = logging.getLogger("tether.jetstream")
 
@@ -327,6 +327,12 @@ class JetStreamApi:
         except errors.ApiError as exc:
             self.api_errors += 1
             body = {"error": exc.to_dict(), **self.error_fields.get(response_type, {})}
+        except StorageError as exc:
+            # A damaged message or a failed read: the store's words, never the content.
+            log.error("JetStream API: %s", exc)
+            self.api_errors += 1
+            failed = errors.ApiError(500, 10051, str(exc)).to_dict()
+            body = {"error": failed, **self.error_fields.get(response_type, {})}
         except Exception:
             log.exception("JetStream API handler failed")
             self.api_errors += 1
@@ -604,6 +610,11 @@ class JetStreamApi:
             self._send_direct(reply, name, msg, no_headers=req.no_hdr)
         except errors.ApiError:
             self._status(reply, b"NATS/1.0 404 Message Not Found\r\n\r\n")
+        except StorageError as exc:
+            # A damaged message is an error status, never its bytes, and always an answer.
+            log.error("DIRECT.GET %s: %s", name, exc)
+            text = " ".join(str(exc).split()).encode("ascii", "replace")[:200]
+            self._status(reply, b"NATS/1.0 500 " + text + b"\r\n\r\n")
 
     async def _direct_last_by_subject(
         self, name: str, subject: str, reply: str, payload: bytes
