@@ -10,6 +10,7 @@ cut short after ``kill -9``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -142,6 +143,19 @@ async def test_a_flipped_byte_is_an_error_and_the_server_stays_up(tmp_path: Path
         assert status.headers is not None
         assert status.headers.get("Status") == "500", status.headers
         assert "is damaged" in status.headers.get("Description", ""), status.headers
+        # A consumer gets every whole message; the damaged one is terminated (kept as a
+        # dead letter), not sent and not redelivered.
+        js = nc.jetstream()
+        sub = await js.pull_subscribe("orders.>", "reader", stream=STREAM)
+        seen: list[int] = []
+        with contextlib.suppress(NatsTimeout):
+            while len(seen) < 9:
+                for msg in await sub.fetch(10, timeout=2):
+                    seen.append(msg.metadata.sequence.stream)
+                    await msg.ack()
+        assert sorted(seen) == [1, 2, 3, 4, 6, 7, 8, 9, 10]
+        info = await js.consumer_info(STREAM, "reader")
+        assert info.num_ack_pending == 0 and info.num_pending == 0
         # Everything else is served, and publishing goes on.
         for seq in (4, 6, 10):
             assert (await jsm.get_msg(STREAM, seq)).data == payloads[seq - 1]

@@ -51,7 +51,7 @@ from tether.server.nats.jetstream import (
 from tether.server.nats.requests import ConsumersRequest, PauseRequest
 from tether.server.nats.router import Router
 from tether.server.nats.subscriptions import Client, ClientSubscription, InternalSubscription
-from tether.storage.base import MessageMeta, StorageError, StoredMessage
+from tether.storage.base import CorruptMessage, MessageMeta, StorageError, StoredMessage
 
 if TYPE_CHECKING:
     from tether.server.nats.server import NatsServer
@@ -582,6 +582,8 @@ class ConsumerApi:
                     try:
                         for msg in await self.broker.read_many(consumer.stream, seqs):
                             loaded[msg.seq] = msg
+                    except CorruptMessage:
+                        loaded = await self._read_sound(consumer, seqs)
                     except Exception:
                         log.exception("reading messages for %s failed", consumer)
                 for to, meta, reply, block in chunk:
@@ -598,6 +600,24 @@ class ConsumerApi:
                 del self._outboxes[id(consumer)]
         if not consumer.deleted:
             consumer.sink_drained()
+
+    async def _read_sound(self, consumer: Consumer, seqs: list[int]) -> dict[int, StoredMessage]:
+        """The messages of ``seqs`` that are whole, read one by one after a batch met a
+        damaged one. A damaged message is terminated: it stays as a dead letter (so an
+        operator sees it and may repair the store) and is never sent, nor redelivered
+        forever, while its neighbours go out as usual."""
+        loaded: dict[int, StoredMessage] = {}
+        for seq in seqs:
+            try:
+                msg = await self.broker.read(consumer.stream, seq)
+            except CorruptMessage as exc:
+                log.error("consumer %s > %s: %s", consumer.stream.name, consumer.name, exc)
+                if not consumer.deleted:
+                    consumer.term(seq, "damaged in the store (tether store check)")
+                continue
+            if msg is not None:
+                loaded[seq] = msg
+        return loaded
 
 
 class _AckReply:
