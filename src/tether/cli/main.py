@@ -107,11 +107,34 @@ def serve(
         ),
     ] = None,
     jetstream: Annotated[
-        bool, typer.Option("--jetstream", help="Accepted for nats-server compatibility.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--jetstream/--no-jetstream",
+            help="JetStream (streams, consumers, the webhook-broker API) is on unless "
+            "turned off here or by the file; -js=false is --no-jetstream.",
+            show_default=False,
+        ),
+    ] = None,
+    signal_: Annotated[
+        str | None,
+        typer.Option(
+            "--signal",
+            help="Signal a running server and exit, as nats-server's -sl: "
+            "ldm|term|quit|stop=<pid or pid file>.",
+        ),
+    ] = None,
     version: VersionFlag = False,
 ) -> None:
     """Run the broker."""
+    if signal_ is not None:
+        from tether.cli.signals import send
+
+        try:
+            send(signal_)
+        except ValueError as exc:
+            typer.echo(f"tether: {exc}", err=True)
+            raise typer.Exit(1) from None
+        return
     from tether.server.app import Tether
     from tether.server.config import load_config
 
@@ -131,6 +154,7 @@ def serve(
         "server_name": server_name,
         "log_level": log_level,
         "webhook_broker_config": str(webhook_broker_config) if webhook_broker_config else None,
+        "jetstream": jetstream,
     }
     try:
         cfg = load_config(config, overrides)

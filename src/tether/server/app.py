@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from tether.engine.broker import Broker
 from tether.engine.clock import LoopClock
@@ -16,16 +21,24 @@ from tether.engine.jobs import ServiceSettings, WebhookService
 from tether.server.config import ServerConfig
 from tether.server.http import monitor, webhook_api
 from tether.server.http.auth import AsgiApp, GatewayMiddleware
+from tether.server.http.common import text
 from tether.server.http.limits import HttpLimits
 from tether.server.http.listener import HttpListener
+from tether.server.listen import show
 from tether.server.nats.consumers import ConsumerApi
-from tether.server.nats.jetstream import JetStreamApi
+from tether.server.nats.jetstream import API_PREFIX, JetStreamApi
 from tether.server.nats.server import NatsServer
 from tether.server.nats.stream_read import StreamReadApi
 from tether.server.nsq.server import NsqServer
 from tether.storage import Store, open_store
 
 log = logging.getLogger("tether")
+
+JETSTREAM_OFF = (
+    "JetStream is disabled (jetstream = false): no streams, so no webhook-broker API either"
+)
+LAME_DUCK = "The server is shutting down (lame duck mode): the webhook-broker API is closed"
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 class Tether:
@@ -48,8 +61,40 @@ class Tether:
         self.nsq: NsqServer | None = None
         self.nsq_port = 0
         self._stopped = asyncio.Event()
+        self._engine_running = False
 
     async def start(self) -> None:
+        cfg = self.config
+        if cfg.jetstream:
+            await self._start_engine()
+        await self.nats.start()
+        if self.webhook_front is not None:
+            web = Starlette(
+                routes=[*monitor.routes(self), *self.webhook_front.routes],
+                middleware=[Middleware(self._gateway)],
+            )
+            # Broadcasts are served ahead of Starlette (same checks, same bytes).
+            front: AsgiApp = self.webhook_front.asgi(web, self._gateway(web))
+        else:
+            front = self._without_engine(JETSTREAM_OFF)
+        limits = HttpLimits(
+            max_header_bytes=cfg.http_max_header_bytes,
+            max_headers=cfg.http_max_headers,
+            header_timeout=cfg.http_header_timeout,
+            body_timeout=cfg.http_body_timeout,
+            idle_timeout=cfg.http_idle_timeout,
+            max_connections=cfg.http_max_connections,
+        )
+        self.http = HttpListener(front, cfg.host, cfg.http_port, limits)
+        await self.http.start()
+        self.http_port = self.http.port
+        log.info("Starting http monitor on %s", show(cfg.host, self.http_port))
+        log.info("Listening for client connections on %s", show(cfg.host, self.nats.port))
+        log.info("Server is ready")
+
+    async def _start_engine(self) -> None:
+        """Storage, the engine and its front doors: JetStream over NATS and the
+        webhook-broker HTTP API."""
         cfg = self.config
         self.store = open_store(cfg.store, sync=cfg.sync)
         await self.store.open()
@@ -64,12 +109,10 @@ class Tether:
         self.stream_read = StreamReadApi(self.nats.router, self.broker)
         self.stream_read.start()
         self.nats.jetstream = True
-        await self.nats.start()
-        clock = self.broker.clock
         self.webhooks = WebhookService(
             self.broker,
             self.consumers,
-            clock,
+            self.broker.clock,
             ServiceSettings(webhook_api.job_settings(cfg), cfg.webhook_token_key),
         )
         await self.webhooks.start()
@@ -81,41 +124,64 @@ class Tether:
             await self.nsq.start()
             self.nsq_port = self.nsq.port
             log.info("Listening for NSQ clients on %s:%d", cfg.host, self.nsq_port)
+        self._engine_running = True
 
-        def gateway(app: AsgiApp) -> GatewayMiddleware:
-            return GatewayMiddleware(
-                app,
-                max_body=webhook_api.max_body(cfg),
-                secret=cfg.http_gateway_secret,
-                tolerance=cfg.http_gateway_tolerance,
-                exempt=cfg.http_gateway_exempt,
-            )
+    def _gateway(self, app: AsgiApp) -> GatewayMiddleware:
+        cfg = self.config
+        return GatewayMiddleware(
+            app,
+            max_body=webhook_api.max_body(cfg),
+            secret=cfg.http_gateway_secret,
+            tolerance=cfg.http_gateway_tolerance,
+            exempt=cfg.http_gateway_exempt,
+        )
 
-        web = Starlette(
-            routes=[*monitor.routes(self), *self.webhook_front.routes],
-            middleware=[Middleware(gateway)],
+    def _without_engine(self, why: str) -> AsgiApp:
+        """The HTTP app while the engine is off: the monitoring endpoints, and ``503`` with
+        ``why`` for every other path (the webhook-broker API needs the engine)."""
+
+        async def unavailable(request: Request) -> Response:
+            return text(503, why)
+
+        return Starlette(
+            routes=[*monitor.routes(self), Route("/{path:path}", unavailable, methods=_METHODS)],
+            middleware=[Middleware(self._gateway)],
         )
-        # Broadcasts are served ahead of Starlette (same checks, same bytes).
-        lean = self.webhook_front.asgi(web, gateway(web))
-        limits = HttpLimits(
-            max_header_bytes=cfg.http_max_header_bytes,
-            max_headers=cfg.http_max_headers,
-            header_timeout=cfg.http_header_timeout,
-            body_timeout=cfg.http_body_timeout,
-            idle_timeout=cfg.http_idle_timeout,
-            max_connections=cfg.http_max_connections,
-        )
-        self.http = HttpListener(lean, cfg.host, cfg.http_port, limits)
-        await self.http.start()
-        self.http_port = self.http.port
-        log.info("Starting http monitor on %s:%d", cfg.host, self.http_port)
-        log.info("Listening for client connections on %s:%d", cfg.host, self.nats.port)
-        log.info("Server is ready")
 
     async def stop(self) -> None:
+        """Shut down: waiting pull requests hear ``409 Server Shutdown`` first (as from
+        nats-server, so clients pull again once reconnected), then the clients are closed
+        and everything is saved."""
+        await self._release_pulls(tell=True)
         await self.nats.stop()
         if self.http is not None:
             await self.http.stop()
+        await self._stop_engine()
+        if self.broker is not None:
+            self.broker.close()
+        if self.store is not None:
+            await self.store.close()
+        self._stopped.set()
+
+    async def _release_pulls(self, *, tell: bool) -> None:
+        registry, api = self.consumers, self.consumer_api
+        if not self._engine_running or registry is None:
+            return
+        pulls = [c for c in registry.all() if c.is_pull and c.waiting]
+        for consumer in pulls:
+            consumer.release_requests(tell=tell)
+        if tell and api is not None:
+            # A status queued behind a slow read goes out before the connection closes.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 1.0
+            while any(api.backlog(c) for c in pulls) and loop.time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+
+    async def _stop_engine(self) -> None:
+        """Stop the engine's front doors and save every consumer's state (once)."""
+        if not self._engine_running:
+            return
+        self._engine_running = False
         if self.webhook_front is not None:
             await self.webhook_front.stop()
         if self.webhooks is not None:
@@ -130,24 +196,76 @@ class Tether:
             await self.nsq.stop()
         if self.consumers is not None:
             await self.consumers.close()
-        if self.broker is not None:
-            self.broker.close()
-        if self.store is not None:
-            await self.store.close()
-        self._stopped.set()
+
+    async def lame_duck(self) -> None:
+        """Lame duck mode, as nats-server's: stop accepting clients, stop JetStream at
+        once (waiting pull requests are dropped without a status, ``$JS.API`` requests
+        get no reply), tell the clients (INFO ``"ldm": true``), wait the grace period,
+        then close them one by one over the rest of ``lame_duck_duration``. The caller
+        shuts down when this returns; with no clients it returns at once."""
+        cfg = self.config
+        log.info("Entering lame duck mode, stop accepting new clients")
+        self.nats.stop_accepting()
+        if self._engine_running:
+            log.info("Initiating JetStream Shutdown...")
+            await self._release_pulls(tell=False)
+            if self.http is not None:
+                self.http.replace_app(self._without_engine(LAME_DUCK))
+            await self._stop_engine()
+            # nats-server still imports $JS.API.> into the account: requests find a
+            # subscriber that never answers, so they time out rather than get a 503.
+            self.nats.router.subscribe_internal(API_PREFIX + ">", _no_reply)
+            log.info("JetStream Shutdown")
+        if not self.nats.connections:
+            return
+        self.nats.announce_lame_duck()
+        await asyncio.sleep(cfg.lame_duck_grace_period)
+        log.info("Closing existing clients")
+        await self.nats.close_spread(cfg.lame_duck_duration - cfg.lame_duck_grace_period)
 
     async def run_until_signalled(self) -> None:
-        """Serve until SIGTERM or SIGINT, then stop cleanly."""
+        """Serve until a signal, as nats-server: SIGTERM or SIGINT shut down now, SIGUSR2
+        enters lame duck mode and shuts down at its end (SIGTERM is then ignored)."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        lame_duck: asyncio.Task[None] | None = None
+
+        def on_term() -> None:
+            if lame_duck is None:
+                stop.set()
+            else:
+                log.info("Trapped terminated signal: ignored in lame duck mode")
+
+        def on_lame_duck() -> None:
+            nonlocal lame_duck
+            if lame_duck is None and not stop.is_set():
+                lame_duck = asyncio.ensure_future(self.lame_duck())
+                lame_duck.add_done_callback(lambda _: stop.set())
+
+        handlers: dict[int, Callable[[], None]] = {signal.SIGTERM: on_term, signal.SIGINT: stop.set}
+        usr2 = getattr(signal, "SIGUSR2", None)
+        if usr2 is not None:
+            handlers[usr2] = on_lame_duck
+        for sig, handler in handlers.items():
+            loop.add_signal_handler(sig, handler)
         await self.start()
         try:
             await stop.wait()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in handlers:
                 loop.remove_signal_handler(sig)
+            if lame_duck is not None:
+                if not lame_duck.done():
+                    lame_duck.cancel()  # SIGINT in lame duck mode: shut down now
+                with contextlib.suppress(asyncio.CancelledError):
+                    try:
+                        await lame_duck
+                    except Exception:
+                        log.exception("lame duck mode failed")
             log.info("Initiating shutdown")
             await self.stop()
             log.info("Server exiting")
+
+
+def _no_reply(subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
+    return None

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from tether.server.listen import bare_host, split_listen
+
 MiB = 1024 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error")
 STORE_FORMS = "'memory', 'sqlite:DIR' or 'sqlite://DIR'"
@@ -45,11 +47,16 @@ class WebhookSeed(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Every setting of ``tether serve``; each has a TOML key of the same name."""
 
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # an IPv6 address bare (::1) or in brackets ([::1])
     port: int = 4222  # -1 or 0 picks a free port
+    # nats-server's "host:port" ("[::]:4222", ":4222" or a port): sets host and port
+    listen: str | int | None = None
     http_port: int = 8222  # -1 or 0 picks a free port; None-like 0 never disables it
     store: str = "sqlite:./tether-data"
     sync: Literal["always", "os"] = "always"
+    jetstream: bool = True  # false: no $JS.API, no streams, no store (docs/configuration.md)
+    lame_duck_duration: float = 120.0  # seconds lame duck mode takes to close every client
+    lame_duck_grace_period: float = 10.0  # seconds it waits before closing the first one
     auth_token: str | None = None
     user: str | None = None
     password: str | None = None
@@ -129,6 +136,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ServerCon
             raise ValueError(f"{path}: [server] must be a table")
         values.update({k.replace("-", "_"): v for k, v in section.items()})
     values.update({k: v for k, v in overrides.items() if v is not None})
+    _apply_listen(values, overrides)
     ini_path = values.get("webhook_broker_config")
     if isinstance(ini_path, str) and ini_path:
         from tether.server.http.ini_config import load_ini
@@ -142,6 +150,26 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ServerCon
         raise ValueError(f"{where}invalid configuration: {exc}") from exc
     _check(cfg, path, {k for k, v in overrides.items() if v is not None})
     return cfg
+
+
+def _apply_listen(values: dict[str, Any], flags: dict[str, Any]) -> None:
+    """``listen`` sets host and port (a ``--host`` or ``--port`` flag still wins); a
+    host in brackets is kept bare."""
+    listen = values.get("listen")
+    if listen is not None:
+        try:
+            if not isinstance(listen, str | int):
+                raise ValueError('expected "host:port" or a port')
+            host, port = split_listen(listen)
+        except ValueError as exc:
+            raise ValueError(f"listen = {listen!r}: {exc}") from None
+        values["listen"] = None
+        if host is not None and flags.get("host") is None:
+            values["host"] = host
+        if flags.get("port") is None:
+            values["port"] = port
+    if isinstance(values.get("host"), str):
+        values["host"] = bare_host(values["host"])
 
 
 def _store_problem(url: str) -> str | None:
@@ -178,3 +206,10 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
     problem = _store_problem(cfg.store)
     if problem:
         raise ValueError(f"{source('store')}: {problem}: expected {STORE_FORMS}")
+    if not cfg.lame_duck_duration > 0:
+        raise ValueError(f"{source('lame_duck_duration')}: expected more than 0 seconds")
+    if not 0 <= cfg.lame_duck_grace_period < cfg.lame_duck_duration:
+        raise ValueError(
+            f"{source('lame_duck_grace_period')}: expected 0 or more seconds, "
+            f"less than lame_duck_duration ({cfg.lame_duck_duration:g})"
+        )

@@ -170,6 +170,14 @@ class PullDelivery(Generic[Me]):
         if block is not None:
             self.sink.control(self._me, req.reply, block)
 
+    def release_requests(self, *, tell: bool) -> None:
+        """The server is going away: every waiting request ends now. With ``tell``, it
+        hears ``409 Server Shutdown`` with the messages and bytes it still wanted (a clean
+        shutdown, as nats-server's), so its client pulls again once it has reconnected;
+        otherwise it is dropped without a word (JetStream stopping in lame duck mode)."""
+        for req in list(self.waiting):
+            self._finish(req, pq.server_shutdown(req.batch, req.bytes_left) if tell else None)
+
     def prune_waiting(self) -> None:
         """Drop requests that expired (408) or whose reply subject lost interest."""
         if not self.waiting:

@@ -25,6 +25,7 @@ _PENDING_T = b"Nats-Pending-Messages: %d\r\nNats-Pending-Bytes: %d\r\n\r\n"
 _TIMEOUT_T = b"NATS/1.0 408 Request Timeout\r\n" + _PENDING_T
 _MAX_BYTES_T = b"NATS/1.0 409 Message Size Exceeds MaxBytes\r\n" + _PENDING_T
 _BATCH_DONE_T = b"NATS/1.0 409 Batch Completed\r\n" + _PENDING_T
+_SHUTDOWN_T = b"NATS/1.0 409 Server Shutdown\r\n" + _PENDING_T
 _HEARTBEAT_T = b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: %d\r\nNats-Last-Stream: %d\r\n"
 
 
@@ -38,6 +39,11 @@ def size_exceeds_max_bytes(batch: int, max_bytes: int) -> bytes:
 
 def batch_completed(batch: int, max_bytes: int) -> bytes:
     return _BATCH_DONE_T % (batch, max_bytes)
+
+
+def server_shutdown(batch: int, max_bytes: int) -> bytes:
+    """What a waiting request hears when the server shuts down: what it still wanted."""
+    return _SHUTDOWN_T % (batch, max_bytes)
 
 
 def bad_request(reason: str) -> bytes:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Generator
 
 import uvicorn
 
-from tether.server.http.auth import AsgiApp
+from tether.server.http.auth import AsgiApp, Receive, Scope, Send
 from tether.server.http.limits import HttpLimits, bounded_protocol
+from tether.server.listen import listen_socket, show
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -35,26 +35,21 @@ class HttpListener:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((self._host, self._requested_port))
+            sock = listen_socket(self._host, self._requested_port)
         except OSError as exc:
-            sock.close()
             # The same words whatever raced the CLI's own check for a free port.
+            where = show(self._host, self._requested_port)
             raise OSError(
-                exc.errno,
-                f"cannot listen for HTTP on {self._host}:{self._requested_port}: {exc.strerror}",
+                exc.errno, f"cannot listen for HTTP on {where}: {exc.strerror or exc}"
             ) from None
-        sock.listen(1024)
-        sock.setblocking(False)
         self.port = int(sock.getsockname()[1])
         # No X-Forwarded-* rewriting (nothing reads the client address or scheme), no
         # access log; httptools (with Tether's limits, see limits.py) and the broker's loop
         # (uvloop) as everywhere.
         config = uvicorn.Config(
-            self._app,
+            self._serve,
+            interface="asgi3",
             log_level="warning",
             lifespan="off",
             access_log=False,
@@ -71,6 +66,13 @@ class HttpListener:
                 self._task.result()  # raises the startup error
                 raise RuntimeError("HTTP listener stopped during startup")
             await asyncio.sleep(0.005)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    def replace_app(self, app: AsgiApp) -> None:
+        """Serve ``app`` from now on; requests already running finish with the old one."""
+        self._app = app
 
     async def stop(self) -> None:
         if self._server is None or self._task is None:

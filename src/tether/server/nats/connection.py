@@ -163,6 +163,12 @@ class ClientConnection(asyncio.Protocol):
         """Bytes buffered for the client and not yet written (/connz)."""
         return self._out_size
 
+    @property
+    def takes_async_info(self) -> bool:
+        """Whether the server may send an INFO at any time: nats-server's rule is a
+        CONNECT with protocol 1 and the first PONG sent."""
+        return self._first_pong_sent and self.protocol >= 1
+
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
 import secrets
 import string
 import time
 from collections.abc import Callable
 from typing import Any
 
+from tether.protocol.nats.commands import encode_info
 from tether.server.config import ServerConfig
+from tether.server.listen import bare_host, listen_socket
 from tether.server.nats.connection import ClientConnection
 from tether.server.nats.router import Router
 from tether.version import NATS_COMPAT_VERSION, __version__
@@ -33,6 +37,7 @@ class NatsServer:
         self.router = router or Router()
         self.server_id = new_server_id()
         self.server_name = config.server_name or self.server_id
+        self.host = bare_host(config.host)
         self.jetstream = False
         self.connections: dict[int, ClientConnection] = {}
         self.total_connections = 0
@@ -49,11 +54,45 @@ class NatsServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         port = self.config.port if self.config.port > 0 else 0
-        self._listener = await loop.create_server(
-            self._new_connection, self.config.host, port, reuse_address=True, backlog=1024
-        )
-        sock = self._listener.sockets[0]
+        sock = listen_socket(self.host, port)
+        try:
+            self._listener = await loop.create_server(self._new_connection, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
         self.port = int(sock.getsockname()[1])
+
+    def stop_accepting(self) -> None:
+        """Close the listener; connected clients stay (lame duck mode)."""
+        if self._listener is not None:
+            self._listener.close()
+
+    def announce_lame_duck(self) -> None:
+        """Tell every client that takes async INFOs that this server is going away: its
+        INFO again, with ``"ldm": true`` (nats.py calls its ``lame_duck_mode_cb``)."""
+        for conn in list(self.connections.values()):
+            if conn.takes_async_info:
+                info = self.info_for(conn)
+                info["ldm"] = True
+                conn.write(encode_info(info))
+
+    async def close_spread(self, span: float) -> None:
+        """Close every client (no ``-ERR``), spread over ``span`` seconds as nats-server
+        does in lame duck mode: between two closes a random pause in [si/2, si], where
+        si is ``span`` over the number of clients, at most one second."""
+        conns = sorted(self.connections.values(), key=lambda c: c.cid)
+        if not conns:
+            return
+        si = min((span if span > 0 else 1.0) / len(conns), 1.0)
+        # Thousands of clients: a few closes per pause, at the same pace overall.
+        batch = max(1, math.ceil(0.001 / si))
+        for i, conn in enumerate(conns):
+            conn.flush_now()
+            conn.close(linger=False)
+            if i == len(conns) - 1:
+                break
+            if (i + 1) % batch == 0:
+                await asyncio.sleep(random.uniform(si / 2, si) * batch)
 
     async def stop(self) -> None:
         """Stop accepting, flush what each client is owed, then close every connection."""
@@ -99,7 +138,7 @@ class NatsServer:
             "version": NATS_COMPAT_VERSION,
             "proto": 1,
             "go": f"tether/{__version__}",
-            "host": self.config.host,
+            "host": self.host,
             "port": self.port,
             "headers": True,
         }
