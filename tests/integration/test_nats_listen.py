@@ -116,7 +116,7 @@ async def test_listen_in_the_configuration_file(tmp_path: Path, listen: str, hos
     if ":" in host:
         _need_ipv6()
     config = tmp_path / "tether.toml"
-    config.write_text(f'listen = "{listen}"\nhttp_port = 0\nstore = "memory"\n')
+    config.write_text(f'listen = "{listen}"\nhttp_port = 0\nnsq_port = 0\nstore = "memory"\n')
     app = Tether(load_config(config, {}))
     await app.start()
     try:

@@ -123,7 +123,7 @@ class Tether:
             self.nsq = NsqServer(cfg, self.broker, self.consumers)
             await self.nsq.start()
             self.nsq_port = self.nsq.port
-            log.info("Listening for NSQ clients on %s:%d", cfg.host, self.nsq_port)
+            log.info("Listening for NSQ clients on %s", show(cfg.host, self.nsq_port))
         self._engine_running = True
 
     def _gateway(self, app: AsgiApp) -> GatewayMiddleware:
