@@ -18,6 +18,9 @@ from tether.cli._typer import CONTEXT, MARKUP, ClickError, Command, Group, repor
 from tether.cli.aliases import normalize
 from tether.cli.consumer import consumer_app
 from tether.cli.context import context_app
+from tether.cli.kv import kv_app
+from tether.cli.messages import register as register_messages
+from tether.cli.objects import object_app
 from tether.cli.server import server_app
 from tether.cli.store import store_app
 from tether.cli.stream import stream_app
@@ -233,6 +236,9 @@ app.add_typer(stream_app, name="stream")
 app.add_typer(consumer_app, name="consumer")
 app.add_typer(server_app, name="server")
 app.add_typer(context_app, name="context")
+app.add_typer(kv_app, name="kv")
+register_messages(app)
+app.add_typer(object_app, name="object")
 
 
 def main(argv: list[str] | None = None) -> None:
