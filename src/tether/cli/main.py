@@ -56,13 +56,21 @@ def _root(version: VersionFlag = False) -> None:
     """Tether: a durable message broker with first-class pull consumers."""
 
 
-def _setup_logging(level: str) -> None:
-    # nats-server's log line shape, so scripts that scrape its stderr read ours too.
+def _setup_logging(level: str, log_file: str | None = None) -> None:
+    # nats-server's log line shape, so scripts that scrape its stderr read ours too; with
+    # a log file, as there, the lines go to the file only.
+    handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    if log_file:
+        try:
+            handler = logging.FileHandler(log_file)
+        except OSError as exc:
+            typer.echo(f"tether: log_file {log_file}: cannot open: {exc.strerror or exc}", err=True)
+            raise typer.Exit(2) from None
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format=f"[{os.getpid()}] %(asctime)s.%(msecs)03d000 [%(levelname).3s] %(message)s",
         datefmt="%Y/%m/%d %H:%M:%S",
-        stream=sys.stderr,
+        handlers=[handler],
     )
 
 
@@ -90,7 +98,10 @@ def serve(
     sync: Annotated[
         str | None, typer.Option(help="'always' (fsync every group commit) or 'os'.")
     ] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML configuration file.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="Configuration file: TOML, or nats-server's format (.conf)."),
+    ] = None,
     auth_token: Annotated[str | None, typer.Option(help="Require this token.")] = None,
     user: Annotated[str | None, typer.Option(help="Require this user.")] = None,
     password: Annotated[str | None, typer.Option(help="Password for --user.")] = None,
@@ -159,12 +170,15 @@ def serve(
         "webhook_broker_config": str(webhook_broker_config) if webhook_broker_config else None,
         "jetstream": jetstream,
     }
+    ignored: list[str] = []  # what a nats-server file asks for that Tether ignores
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, overrides, ignored)
     except (OSError, ValueError) as exc:
         typer.echo(f"tether: {exc}", err=True)
         raise typer.Exit(2) from None
-    _setup_logging(cfg.log_level)
+    _setup_logging(cfg.log_level, cfg.log_file)
+    for warning in ignored:
+        logging.getLogger("tether").warning("%s", warning)
     busy = _port_in_use(
         cfg.host,
         {

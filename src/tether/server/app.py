@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -248,23 +250,38 @@ class Tether:
             handlers[usr2] = on_lame_duck
         for sig, handler in handlers.items():
             loop.add_signal_handler(sig, handler)
-        await self.start()
+        pid_file = _write_pid_file(self.config.pid_file)
         try:
-            await stop.wait()
+            await self.start()
+            try:
+                await stop.wait()
+            finally:
+                for sig in handlers:
+                    loop.remove_signal_handler(sig)
+                if lame_duck is not None:
+                    if not lame_duck.done():
+                        lame_duck.cancel()  # SIGINT in lame duck mode: shut down now
+                    with contextlib.suppress(asyncio.CancelledError):
+                        try:
+                            await lame_duck
+                        except Exception:
+                            log.exception("lame duck mode failed")
+                log.info("Initiating shutdown")
+                await self.stop()
+                log.info("Server exiting")
         finally:
-            for sig in handlers:
-                loop.remove_signal_handler(sig)
-            if lame_duck is not None:
-                if not lame_duck.done():
-                    lame_duck.cancel()  # SIGINT in lame duck mode: shut down now
-                with contextlib.suppress(asyncio.CancelledError):
-                    try:
-                        await lame_duck
-                    except Exception:
-                        log.exception("lame duck mode failed")
-            log.info("Initiating shutdown")
-            await self.stop()
-            log.info("Server exiting")
+            if pid_file is not None:
+                pid_file.unlink(missing_ok=True)
+
+
+def _write_pid_file(name: str | None) -> Path | None:
+    """nats-server's pid_file: the process id while the server runs (before anything is
+    opened, so a path that cannot be written stops the start)."""
+    if not name:
+        return None
+    path = Path(name)
+    path.write_text(str(os.getpid()))  # no newline, as nats-server writes it
+    return path
 
 
 def _no_reply(subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +71,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     write_deadline: float = 10.0  # seconds a closing slow consumer may take to drain
     server_name: str = ""
     log_level: str = "info"
+    log_file: str | None = None  # log here instead of stderr
+    pid_file: str | None = None  # the process id, written at start, removed at exit
     # -- webhook-broker compatible HTTP API (docs/http-api.md) --------------------------------
     # A webhook-broker INI file: seed data plus [broker], [consumer-connection], [http],
     # [scheduler] and [gateway-auth]; the keys below (TOML or flags) take precedence.
@@ -120,10 +123,17 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return bool(self.auth_token or self.user)
 
 
-def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ServerConfig:
-    """Defaults, then the TOML file (top level or a ``[server]`` table), then flags."""
+def load_config(
+    path: str | Path | None, overrides: dict[str, Any], warnings: list[str] | None = None
+) -> ServerConfig:
+    """Defaults, then the file, then flags. The file is TOML (top level or a ``[server]``
+    table) or nats-server's format (see tether.server.conf.formats); what a nats-server
+    file asks for that Tether ignores is appended to ``warnings`` (logged when ``None``)."""
     values: dict[str, Any] = {}
-    if path is not None:
+    nats_conf = None if path is None else _read_nats_conf(path, warnings)
+    if nats_conf is not None:
+        values.update(nats_conf)
+    elif path is not None:
         try:
             with open(path, "rb") as f:
                 doc = tomllib.load(f)
@@ -150,6 +160,19 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ServerCon
         raise ValueError(f"{where}invalid configuration: {exc}") from exc
     _check(cfg, path, {k for k, v in overrides.items() if v is not None})
     return cfg
+
+
+def _read_nats_conf(path: str | Path, warnings: list[str] | None) -> dict[str, Any] | None:
+    from tether.server.conf.formats import read_nats_conf
+
+    found: list[str] = []
+    values = read_nats_conf(path, ServerConfig.__struct_fields__, found)
+    if warnings is None:
+        for warning in found:
+            logging.getLogger("tether").warning("%s", warning)
+    else:
+        warnings.extend(found)
+    return values
 
 
 def _apply_listen(values: dict[str, Any], flags: dict[str, Any]) -> None:

@@ -31,14 +31,35 @@ def read_nats_conf(
     suffix = path.suffix.lower()
     if suffix == ".toml":
         return None
-    doc = parse_file(path) if suffix == ".conf" else _sniff(path, set(tether_keys))
-    if doc is None:
-        return None
-    result = translate(doc)
-    if result.errors:
-        raise ValueError("\n".join(result.errors))
+    keys = set(tether_keys)
+    try:
+        doc = parse_file(path) if suffix == ".conf" else _sniff(path, keys)
+        if doc is None:
+            return None
+        result = translate(doc)
+        if result.errors:
+            raise ValueError("\n".join(result.errors))
+    except ValueError as exc:
+        if suffix == ".conf" and _is_tether_toml(path, keys):
+            raise ValueError(
+                f"{exc}\n{path}: this is Tether's TOML format: name it .toml to read it so"
+            ) from None
+        raise
     warnings.extend(result.warnings)
     return result.values
+
+
+def _is_tether_toml(path: Path, tether_keys: set[str]) -> bool:
+    try:
+        toml = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return _tethers(toml, tether_keys)
+
+
+def _tethers(toml: dict[str, Any], tether_keys: set[str]) -> bool:
+    """Whether a TOML document is Tether's: a [server] table, or only Tether's keys."""
+    return "server" in toml or {k.replace("-", "_") for k in toml} <= tether_keys
 
 
 def _sniff(path: Path, tether_keys: set[str]) -> dict[str, Item] | None:
@@ -57,8 +78,7 @@ def _sniff(path: Path, tether_keys: set[str]) -> dict[str, Item] | None:
                 f"  as TOML: {_toml_error(path, exc)}\n"
                 f"  as a nats-server file: {conf_error}"
             ) from None
-    section = toml.get("server", toml)
-    if "server" in toml or {k.replace("-", "_") for k in section} <= tether_keys:
+    if _tethers(toml, tether_keys):
         return None
     try:
         return parse_file(path)
