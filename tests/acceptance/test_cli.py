@@ -118,7 +118,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-BASE = ["--store", "memory", "--http-port", "-1"]
+BASE = ["--store", "memory", "--http-port", "-1", "--nsq-port", "-1"]
 
 
 def test_ready_lines_on_stderr(serve: type[Serve]) -> None:

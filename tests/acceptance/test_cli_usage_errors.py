@@ -22,7 +22,7 @@ import pytest
 from tether.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ["--store", "memory", "--port", "-1", "--http-port", "-1"]
+QUICK = ["--store", "memory", "--port", "-1", "--http-port", "-1", "--nsq-port", "-1"]
 
 
 def tether(
@@ -141,9 +141,12 @@ def test_port_in_use_names_the_address(
     assert flag in line
 
 
+QUICK_ZERO = ["--store", "memory", "--nsq-port", "0", "-p", "0", "-m", "0"]
+
+
 def test_port_zero_picks_a_free_port(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tether", "serve", "--store", "memory", "-p", "0", "-m", "0"],
+        [sys.executable, "-m", "tether", "serve", *QUICK_ZERO],
         cwd=tmp_path,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

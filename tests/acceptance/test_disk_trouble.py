@@ -152,7 +152,7 @@ async def test_a_full_disk_refuses_publishes_and_keeps_what_is_stored(small_disk
 
 @pytest.fixture
 async def in_process(tmp_path: Path) -> AsyncIterator[Tether]:
-    app = Tether(ServerConfig(port=0, http_port=0, store=f"sqlite:{tmp_path}"))
+    app = Tether(ServerConfig(port=0, http_port=0, nsq_port=0, store=f"sqlite:{tmp_path}"))
     await app.start()
     try:
         yield app

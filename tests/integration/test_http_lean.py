@@ -34,6 +34,7 @@ async def started(**options: Any) -> Tether:
     cfg = ServerConfig(
         port=0,
         http_port=0,
+        nsq_port=0,
         store="memory",
         max_payload=4096,
         http_max_body=8192,

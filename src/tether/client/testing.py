@@ -297,7 +297,8 @@ class PeerServer:
 
         return [
             sys.executable, "-m", "tether", "serve", "--host", "127.0.0.1",
-            "--port", str(self.port), "--http-port", "-1", "--store", f"sqlite:{self.dir}",
+            "--port", str(self.port), "--http-port", "-1", "--nsq-port", "-1",
+            "--store", f"sqlite:{self.dir}",
         ]  # fmt: skip
 
     def start(self) -> PeerServer:
