@@ -88,6 +88,18 @@ def serve(
         int | None,
         typer.Option(help="NSQ (nsqd TCP) port, default 4150; 0 turns it off, -1 picks one."),
     ] = None,
+    nsq_lookupd_peer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Another node's HOST:HTTPPORT, whose NSQ producers /lookup also lists "
+            "(repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    nsq_lookupd_http_port: Annotated[
+        int | None,
+        typer.Option(help="Also serve nsqlookupd's HTTP API alone on this port (4161)."),
+    ] = None,
     store: Annotated[
         str | None,
         typer.Option(help="Storage: sqlite:DIR (default sqlite:./tether-data) or memory."),
@@ -157,6 +169,8 @@ def serve(
         "port": port,
         "http_port": http_port,
         "nsq_port": nsq_port,
+        "nsq_lookupd_peers": nsq_lookupd_peer or None,
+        "nsq_lookupd_http_port": nsq_lookupd_http_port,
         "store": store if store is not None else (f"sqlite:{store_dir}" if store_dir else None),
         "sync": sync,
         "auth_token": auth_token,

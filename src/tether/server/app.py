@@ -22,7 +22,7 @@ from tether.engine.consumers import ConsumerRegistry
 from tether.engine.jobs import ServiceSettings, WebhookService
 from tether.server.config import ServerConfig
 from tether.server.http import monitor, webhook_api
-from tether.server.http.auth import AsgiApp, GatewayMiddleware
+from tether.server.http.auth import AsgiApp, GatewayMiddleware, Receive, Scope, Send
 from tether.server.http.common import text
 from tether.server.http.limits import HttpLimits
 from tether.server.http.listener import HttpListener
@@ -31,6 +31,9 @@ from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.jetstream import API_PREFIX, JetStreamApi
 from tether.server.nats.server import NatsServer
 from tether.server.nats.stream_read import StreamReadApi
+from tether.server.nsq.http_api import NsqHttp
+from tether.server.nsq.http_common import respond
+from tether.server.nsq.lookupd import Lookupd
 from tether.server.nsq.server import NsqServer
 from tether.storage import Store, open_store
 
@@ -62,6 +65,9 @@ class Tether:
         self.webhook_front: webhook_api.WebhookFront | None = None
         self.nsq: NsqServer | None = None
         self.nsq_port = 0
+        self.lookupd: Lookupd | None = None
+        self.lookupd_http: HttpListener | None = None
+        self.lookupd_http_port = 0
         self._stopped = asyncio.Event()
         self._engine_running = False
 
@@ -79,6 +85,7 @@ class Tether:
             front: AsgiApp = self.webhook_front.asgi(web, self._gateway(web))
         else:
             front = self._without_engine(JETSTREAM_OFF)
+        front = self._nsq_http(front)
         limits = HttpLimits(
             max_header_bytes=cfg.http_max_header_bytes,
             max_headers=cfg.http_max_headers,
@@ -90,6 +97,7 @@ class Tether:
         self.http = HttpListener(front, cfg.host, cfg.http_port, limits)
         await self.http.start()
         self.http_port = self.http.port
+        await self._start_lookupd(limits)
         log.info("Starting http monitor on %s", show(cfg.host, self.http_port))
         log.info("Listening for client connections on %s", show(cfg.host, self.nats.port))
         log.info("Server is ready")
@@ -128,6 +136,36 @@ class Tether:
             log.info("Listening for NSQ clients on %s", show(cfg.host, self.nsq_port))
         self._engine_running = True
 
+    def _nsq_http(self, front: AsgiApp) -> AsgiApp:
+        """nsqd's and nsqlookupd's HTTP routes in front of the rest (docs/nsq.md)."""
+        if self.nsq is None:
+            return front
+        cfg = self.config
+        self.lookupd = Lookupd(
+            lambda: nsq_http.node_view(), cfg.nsq_lookupd_peers, cfg.nsq_lookupd_poll_interval
+        )
+        nsq_http = NsqHttp(
+            front, self.nsq, self.lookupd, lambda: self.http_port, self._gateway(front)
+        )
+        return nsq_http
+
+    async def _start_lookupd(self, limits: HttpLimits) -> None:
+        """Peer polling, and nsqlookupd's routes alone on their own port if asked."""
+        if self.lookupd is None or self.nsq is None:
+            return
+        self.lookupd.start()
+        cfg = self.config
+        if cfg.nsq_lookupd_http_port:
+            alone = NsqHttp(
+                _not_found, self.nsq, self.lookupd, lambda: self.http_port, lookupd_only=True
+            )
+            self.lookupd_http = HttpListener(alone, cfg.host, cfg.nsq_lookupd_http_port, limits)
+            await self.lookupd_http.start()
+            self.lookupd_http_port = self.lookupd_http.port
+            log.info(
+                "Listening for nsqlookupd queries on %s", show(cfg.host, self.lookupd_http_port)
+            )
+
     def _gateway(self, app: AsgiApp) -> GatewayMiddleware:
         cfg = self.config
         return GatewayMiddleware(
@@ -158,6 +196,10 @@ class Tether:
         await self.nats.stop()
         if self.http is not None:
             await self.http.stop()
+        if self.lookupd_http is not None:
+            await self.lookupd_http.stop()
+        if self.lookupd is not None:
+            await self.lookupd.stop()
         await self._stop_engine()
         if self.broker is not None:
             self.broker.close()
@@ -286,3 +328,8 @@ def _write_pid_file(name: str | None) -> Path | None:
 
 def _no_reply(subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
     return None
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    """nsqlookupd's answer to a path it does not have."""
+    await respond(send, 404, "NOT_FOUND")

@@ -117,6 +117,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     nsq_deflate: bool = True  # offer deflate compression in IDENTIFY
     nsq_max_deflate_level: int = 6
     nsq_snappy: bool = True  # offer snappy compression in IDENTIFY
+    # nsqd's and nsqlookupd's HTTP APIs are served on http_port (docs/nsq.md)
+    nsq_broadcast_address: str = ""  # announced to clients; default: host, else the host name
+    # Other nodes' HOST:HTTPPORT: /lookup, /topics, /nodes list their producers too
+    nsq_lookupd_peers: list[str] = msgspec.field(default_factory=list)
+    nsq_lookupd_poll_interval: float = 5.0  # seconds between polls of each peer (20 % jitter)
+    nsq_lookupd_http_port: int = 0  # also serve nsqlookupd's routes alone here (4161); 0: no
 
     @property
     def auth_required(self) -> bool:

@@ -44,6 +44,7 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        self.held = False  # the topic is paused: nothing goes out, whatever the channel's state
         self._turn = 0
         self._dispatching = False
         self._again = False
@@ -134,6 +135,43 @@ class Channel:
         member.in_flight[msg_id] = entry._replace(deadline=deadline)
         return None
 
+    # -- pause, empty, counts ------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        """Paused itself (``/channel/pause``): kept as the consumer's ``pause_until``, so
+        it is saved with the consumer and survives a restart."""
+        return self.consumer.paused
+
+    def empty(self) -> int:
+        """``/channel/empty``: drop every message the channel holds (queued, deferred and
+        in flight), as nsqd does; how many. Clients that still send ``FIN`` for one get
+        ``E_FIN_FAILED``."""
+        consumer = self.consumer
+        for member in self.members:
+            member.in_flight.clear()
+        dropped = 0
+        for seq in list(consumer.state.pending):
+            consumer.ack(seq)
+            dropped += 1
+        while True:
+            got = consumer.claim(1000)
+            if not got:
+                break
+            for meta in got:
+                consumer.ack(meta.seq)
+            dropped += len(got)
+        return dropped
+
+    def counts(self) -> tuple[int, int, int]:
+        """(depth, in flight, deferred) as nsqd counts them: waiting to be sent, sent and
+        not finished, requeued with a delay (or held by a client that went away)."""
+        consumer = self.consumer
+        state = consumer.state
+        queued = len(state.queued)
+        in_flight = sum(len(m.in_flight) for m in self.members)
+        deferred = max(0, len(state.pending) - queued - in_flight)
+        return consumer.num_pending + queued, in_flight, deferred
+
     # -- delivery ----------------------------------------------------------------------------------
     def dispatch(self) -> None:
         """Send what can be sent: requeued and new messages, to clients with room."""
@@ -159,6 +197,8 @@ class Channel:
         for member in members:
             if member.in_flight:
                 self.timeout_count += member.expire(now)
+        if self.held or (consumer.paused_until and consumer.paused):
+            return
         ready = [m for m in members if m.capacity > 0]
         if not ready:
             return

@@ -24,6 +24,10 @@ BACKLOG = "#backlog"
 # Marks, in CONSUMER.INFO, the durable consumers that are NSQ channels.
 OWNER_KEY = "tether.owner"
 OWNER = "nsq"
+# In a topic's stream metadata: the topic is paused (``/topic/pause``).
+PAUSED_KEY = "tether.nsq.paused"
+# A paused channel's consumer is paused until then (2**62 ns: the year 2116).
+PAUSED_FOREVER_NS = 1 << 62
 
 _HEX_ID = re.compile(rb"[0-9a-f]{16}")
 

@@ -35,7 +35,16 @@ from tether.engine.consumers import Consumer, ConsumerConfig, ConsumerRegistry
 from tether.engine.nsq.channel import Channel
 from tether.engine.nsq.deferred import DeferredPublishes
 from tether.engine.nsq.member import Member, MessageSink
-from tether.engine.nsq.names import BACKLOG, OWNER, OWNER_KEY, channel_of, consumer_name, topic_of
+from tether.engine.nsq.names import (
+    BACKLOG,
+    OWNER,
+    OWNER_KEY,
+    PAUSED_FOREVER_NS,
+    PAUSED_KEY,
+    channel_of,
+    consumer_name,
+    topic_of,
+)
 from tether.engine.nsq.topic import Topic
 from tether.engine.streams import Stream
 
@@ -82,6 +91,8 @@ class NsqService:
                 await self.broker.delete_stream(stream.name)  # held nothing on disk
                 continue
             topic = self._adopt(name)
+            metadata = stream.config.metadata or {}
+            topic.paused = metadata.get(PAUSED_KEY) == "true"
             for consumer in list(self.consumers.streams.get(stream.name, {}).values()):
                 if owned_by_nsq(consumer.config):
                     self._attach(topic, consumer)
@@ -108,6 +119,7 @@ class NsqService:
     def _attach(self, topic: Topic, consumer: Consumer) -> Channel:
         name = channel_of(consumer.name)
         channel = Channel(topic.name, name, consumer, self.clock, self.settings.max_msg_timeout_ns)
+        channel.held = topic.paused
         topic.channels[name] = channel
         return channel
 
@@ -227,6 +239,85 @@ class NsqService:
         if not task.cancelled() and task.exception() is not None:
             log.error("nsq: %s", task.exception())
 
+    # -- administration (nsqd's HTTP API) -----------------------------------------------------------
+    async def create_channel(self, topic_name: str, channel_name: str) -> Channel:
+        """``/channel/create``: the channel, created if needed (the topic must exist)."""
+        async with self._lock:
+            topic = self.topics[topic_name]
+            channel = topic.channels.get(channel_name)
+            if channel is None:
+                channel = await self._create_channel(topic, channel_name)
+            return channel
+
+    async def delete_topic(self, name: str) -> None:
+        """``/topic/delete``: the stream goes, and with it every channel and its clients."""
+        async with self._lock:
+            topic = self.topics[name]
+            if topic.stream_name in self.broker.streams:
+                await self.broker.delete_stream(topic.stream_name)  # on_stream_deleted
+                return
+            self._by_stream.pop(topic.stream_name, None)
+            self.topics.pop(name, None)
+            for channel in topic.channels.values():
+                channel.drop()
+
+    async def delete_channel(self, topic_name: str, channel_name: str) -> None:
+        """``/channel/delete``: its clients are closed and its messages dropped; a topic
+        left with no channel keeps what is published next for its next channel."""
+        async with self._lock:
+            topic = self.topics[topic_name]
+            channel = topic.channels.pop(channel_name)
+            channel.drop()
+            stream = topic.stream_name
+            if not topic.channels and stream in self.broker.streams:
+                if topic.ephemeral:
+                    await self.broker.delete_stream(stream)
+                    return
+                await self._hold(topic)
+            if not channel.consumer.deleted:
+                await self.consumers.delete(stream, channel.consumer.name)
+
+    async def empty_topic(self, name: str) -> int:
+        """``/topic/empty``: drop what the topic holds that no channel has taken yet (its
+        messages while it has no channel); how many."""
+        async with self._lock:
+            topic = self.topics[name]
+            if topic.channels or topic.stream_name not in self.broker.streams:
+                return 0
+            return await self.broker.purge_stream(topic.stream_name, "", 0, 0)
+
+    async def pause_topic(self, name: str, paused: bool) -> None:
+        """``/topic/pause`` and ``unpause``: no channel of the topic is sent anything
+        while it is paused; kept in the stream's metadata, so it survives a restart."""
+        async with self._lock:
+            topic = self.topics[name]
+            stream = self.broker.streams.get(topic.stream_name)
+            if stream is not None:
+                config = stream.config.to_dict()
+                metadata = dict(config.get("metadata") or {})
+                if paused:
+                    metadata[PAUSED_KEY] = "true"
+                else:
+                    metadata.pop(PAUSED_KEY, None)
+                config["metadata"] = metadata
+                await self.broker.update_stream(stream.name, msgspec.json.encode(config))
+            topic.paused = paused
+            for channel in topic.channels.values():
+                channel.held = paused
+            if not paused:
+                for channel in list(topic.channels.values()):
+                    channel.dispatch()
+
+    async def pause_channel(self, topic_name: str, channel_name: str, paused: bool) -> None:
+        """``/channel/pause`` and ``unpause``: the channel's consumer is paused until
+        :data:`PAUSED_FOREVER_NS` (saved with the consumer, so it survives a restart)."""
+        async with self._lock:
+            channel = self.topics[topic_name].channels[channel_name]
+            until = PAUSED_FOREVER_NS if paused else 0
+            await self.consumers.pause(channel.consumer.stream.name, channel.consumer.name, until)
+            if not paused:
+                channel.dispatch()
+
     # -- deferred publishes ------------------------------------------------------------------------
     async def defer(self, topic: str, body: bytes, delay_ns: int) -> None:
         """``DPUB``: publish ``body`` to ``topic`` in ``delay_ns``; returns once durable."""
@@ -257,6 +348,12 @@ class NsqService:
     def on_messages_committed(self, stream: Stream, seqs: list[int]) -> None:
         topic = self._by_stream.get(stream.name)
         if topic is not None:
+            topic.message_count += len(seqs)
+            meta = stream.meta
+            for seq in seqs:
+                found = meta(seq)
+                if found is not None:
+                    topic.message_bytes += found.size
             for channel in topic.channels.values():
                 if channel.members:
                     channel.dispatch()

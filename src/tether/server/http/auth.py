@@ -250,6 +250,13 @@ class GatewayMiddleware:
                 return None
         return body
 
+    def verify(self, path: str, header: str, body: bytes) -> tuple[int, str] | None:
+        """The gateway's refusal of a request it did not read itself (status and text),
+        or None: the signature is good, not needed (no secret), or the path is exempt."""
+        if self.secret is None or path.startswith(self.exempt):
+            return None
+        return self._check(header, body)
+
     def _check(self, header: str, body: bytes) -> tuple[int, str] | None:
         assert self.secret is not None
         if not header:

@@ -1,0 +1,208 @@
+"""Discovery: nsqlookupd's HTTP API, answered by every node about itself and its peers.
+
+nsqlookupd is a separate daemon nsqd processes register with over TCP; here each node
+answers nsqlookupd's queries (``/lookup``, ``/topics``, ``/channels``, ``/nodes``,
+``/ping``, ``/info``) from what it knows: its own topics and channels, and those of the
+peers it was told about (``nsq_lookupd_peers``, ``HOST:HTTPPORT``). It polls each peer's
+nsqd ``/info`` and ``/stats`` (so a peer may be a real nsqd too) every
+``nsq_lookupd_poll_interval`` seconds with up to 20 % jitter, keeps the last answer, and
+leaves out a peer whose last poll failed, until it answers again. Queries never wait for
+a peer: they read the cache. A client given any one node's address (pynsq's and
+nsqjs's ``lookupd_http_addresses``) so finds the producers of a topic on every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from tether.server.nsq.http_common import HttpError, Query
+
+log = logging.getLogger("tether.nsq")
+
+JITTER = 0.2
+LOOKUPD_VERSION = "1.3.0"
+_ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
+
+
+@dataclass(slots=True)
+class NodeView:
+    """One producer (nsqd) as nsqlookupd describes it, and its topics with their channels."""
+
+    producer: dict[str, Any]
+    topics: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return str(self.producer.get("broadcast_address", "")), int(
+            self.producer.get("tcp_port", 0)
+        )
+
+
+class _Info(msgspec.Struct):
+    broadcast_address: str = ""
+    hostname: str = ""
+    tcp_port: int = 0
+    http_port: int = 0
+    version: str = ""
+
+
+class _ChannelStats(msgspec.Struct):
+    channel_name: str = ""
+
+
+class _TopicStats(msgspec.Struct):
+    topic_name: str = ""
+    channels: list[_ChannelStats] = msgspec.field(default_factory=list)
+
+
+class _Stats(msgspec.Struct):
+    topics: list[_TopicStats] | None = None
+
+
+class Lookupd:
+    """This node's view for nsqlookupd's queries: itself plus its reachable peers."""
+
+    def __init__(
+        self, local: Callable[[], NodeView], peers: list[str], poll_interval: float = 5.0
+    ) -> None:
+        self.local = local
+        self.peers = [p.strip() for p in peers if p.strip()]
+        self.poll_interval = max(0.1, poll_interval)
+        self.views: dict[str, NodeView] = {}  # by peer address, only peers that answered
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- polling ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.peers and self._task is None:
+            self._task = asyncio.ensure_future(self._poll_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _poll_forever(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.poll_interval), connect=1.0)
+        self._session = aiohttp.ClientSession(timeout=timeout)
+        while True:
+            await self.poll()
+            delay = self.poll_interval * (1 + random.uniform(-JITTER, JITTER))
+            await asyncio.sleep(delay)
+
+    async def poll(self) -> None:
+        """Ask every peer once (at the same time); keep who answered."""
+        await asyncio.gather(*(self._poll(peer) for peer in self.peers))
+
+    async def _poll(self, peer: str) -> None:
+        base = peer if "://" in peer else f"http://{peer}"
+        session = self._session
+        if session is None:
+            return
+        try:
+            async with session.get(f"{base}/info", headers=_ACCEPT) as resp:
+                resp.raise_for_status()
+                info = msgspec.json.decode(await resp.read(), type=_Info)
+            stats_url = f"{base}/stats?format=json&include_clients=false&include_mem=false"
+            async with session.get(stats_url, headers=_ACCEPT) as resp:
+                resp.raise_for_status()
+                stats = msgspec.json.decode(await resp.read(), type=_Stats)
+        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError, ValueError) as exc:
+            if self.views.pop(peer, None) is not None:
+                log.warning("nsq lookupd: peer %s is unreachable (%s); skipped", peer, exc)
+            return
+        host = peer.split("://", 1)[-1].rsplit(":", 1)[0]
+        producer = {
+            "remote_address": peer,
+            "hostname": info.hostname,
+            "broadcast_address": info.broadcast_address or host,
+            "tcp_port": info.tcp_port,
+            "http_port": info.http_port,
+            "version": info.version,
+        }
+        topics = {t.topic_name: [c.channel_name for c in t.channels] for t in stats.topics or []}
+        self.views[peer] = NodeView(producer, topics)
+
+    # -- the views ---------------------------------------------------------------------------
+    def nodes(self) -> list[NodeView]:
+        """This node, then each peer that answered its last poll (one per address)."""
+        out = [self.local()]
+        seen = {out[0].key}
+        for view in self.views.values():
+            if view.key not in seen:
+                seen.add(view.key)
+                out.append(view)
+        return out
+
+    # -- nsqlookupd's routes -------------------------------------------------------------------
+    def lookup(self, query: Query) -> dict[str, Any]:
+        topic = _topic(query)
+        holders = [n for n in self.nodes() if topic in n.topics]
+        if not holders:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        return {
+            "channels": _union(n.topics[topic] for n in holders),
+            "producers": [_peer_info(n.producer) for n in holders],
+        }
+
+    def topics(self) -> dict[str, Any]:
+        return {"topics": _union(list(n.topics) for n in self.nodes())}
+
+    def channels(self, query: Query) -> dict[str, Any]:
+        topic = _topic(query)
+        return {"channels": _union(n.topics.get(topic, []) for n in self.nodes())}
+
+    def node_list(self) -> dict[str, Any]:
+        producers = []
+        for node in self.nodes():
+            topics = sorted(node.topics)
+            producers.append(
+                {**_peer_info(node.producer), "tombstones": [False] * len(topics), "topics": topics}
+            )
+        return {"producers": producers}
+
+    @staticmethod
+    def info() -> dict[str, Any]:
+        return {"version": LOOKUPD_VERSION}
+
+
+def _topic(query: Query) -> str:
+    topic = query.get("topic")
+    if topic is None:
+        raise HttpError(400, "MISSING_ARG_TOPIC")
+    return topic
+
+
+def _union(lists: Any) -> list[str]:
+    seen: dict[str, None] = {}
+    for names in lists:
+        for name in names:
+            seen.setdefault(name, None)
+    return list(seen)
+
+
+def _peer_info(producer: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "remote_address": producer.get("remote_address", ""),
+        "hostname": producer.get("hostname", ""),
+        "broadcast_address": producer.get("broadcast_address", ""),
+        "tcp_port": producer.get("tcp_port", 0),
+        "http_port": producer.get("http_port", 0),
+        "version": producer.get("version", ""),
+        "topology_zone": "",
+        "topology_region": "",
+    }
