@@ -54,6 +54,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._in_head = False
         self._in_body = False
         self._head_bytes = 0
+        self._head_parsed = 0  # the head's bytes as parsed (a read may hold body bytes too)
         self._header_count = 0
         self._too_large = False
         self._deadline: asyncio.TimerHandle | None = None
@@ -106,9 +107,15 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_head = True
         self._header_count = 0
+        self._head_parsed = 0
         self._arm(self.limits.header_timeout)
 
+    def on_url(self, url: bytes) -> None:
+        self._head_parsed += len(url)
+        super().on_url(url)
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
         self._header_count += 1
         if self._header_count > self.limits.max_headers:
             self._too_large = True
@@ -117,8 +124,9 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        head_bytes, self._head_bytes = self._head_bytes, 0
-        if self._too_large or head_bytes > self.limits.max_header_bytes:
+        # The reads so far may end with body bytes: the head is what the parser took.
+        self._head_bytes = 0
+        if self._too_large or self._head_parsed > self.limits.max_header_bytes:
             self._too_large = True
             return  # answered 431 once the parser returns, no request is started
         self._in_body = True
