@@ -16,8 +16,11 @@ import typer
 
 from tether.cli._typer import CONTEXT, MARKUP, ClickError, Command, Group, report
 from tether.cli.aliases import normalize
+from tether.cli.backup import register as register_backup
+from tether.cli.bench import bench_app
 from tether.cli.consumer import consumer_app
 from tether.cli.context import context_app
+from tether.cli.jobs import jobs_app
 from tether.cli.kv import kv_app
 from tether.cli.messages import register as register_messages
 from tether.cli.objects import object_app
@@ -267,6 +270,9 @@ app.add_typer(context_app, name="context")
 app.add_typer(kv_app, name="kv")
 register_messages(app)
 app.add_typer(object_app, name="object")
+app.add_typer(bench_app, name="bench")
+app.add_typer(jobs_app, name="jobs")
+register_backup(stream_app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,377 @@
+"""``tether jobs``: the webhook-broker HTTP API's channels, consumers and jobs.
+
+The API's address comes from ``--http``, else ``$TETHER_HTTP``, else the context's
+``http`` field, else ``http://127.0.0.1:8222``. The channel's and the consumer's tokens
+go in the ``X-Broker-Channel-Token`` and ``X-Broker-Consumer-Token`` headers, as the
+API asks (see docs/http-api.md).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+from urllib.parse import urljoin
+
+import httpx
+import typer
+
+from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli.output import emit_json, pairs, table
+from tether.cli.remote import ContextOpt, Failure, JsonOpt, Target, fail
+
+DEFAULT_HTTP = "http://127.0.0.1:8222"
+
+jobs_app = typer.Typer(
+    name="jobs",
+    help="Webhook-broker jobs over HTTP: channel, consumer, ls, claim, done, dead.",
+    cls=Group,
+    no_args_is_help=True,
+    context_settings=CONTEXT,
+    rich_markup_mode=MARKUP,
+)
+channel_app = typer.Typer(
+    name="channel",
+    help="Channels: ls, add.",
+    cls=Group,
+    no_args_is_help=True,
+    context_settings=CONTEXT,
+    rich_markup_mode=MARKUP,
+)
+consumer_app = typer.Typer(
+    name="consumer",
+    help="A channel's consumers: ls, add.",
+    cls=Group,
+    no_args_is_help=True,
+    context_settings=CONTEXT,
+    rich_markup_mode=MARKUP,
+)
+dead_app = typer.Typer(
+    name="dead",
+    help="Dead jobs: ls, requeue.",
+    cls=Group,
+    no_args_is_help=True,
+    context_settings=CONTEXT,
+    rich_markup_mode=MARKUP,
+)
+jobs_app.add_typer(channel_app, name="channel")
+jobs_app.add_typer(consumer_app, name="consumer")
+jobs_app.add_typer(dead_app, name="dead")
+
+HttpOpt = Annotated[
+    str | None,
+    typer.Option("--http", help="HTTP API URL (default: $TETHER_HTTP, the context, :8222)."),
+]
+ChannelTokenOpt = Annotated[
+    str | None, typer.Option("--channel-token", help="The channel's token.")
+]
+ConsumerTokenOpt = Annotated[
+    str | None, typer.Option("--consumer-token", help="The consumer's token.")
+]
+ChannelArg = Annotated[str, typer.Argument(help="Channel id.")]
+ConsumerArg = Annotated[str, typer.Argument(help="Consumer id.")]
+
+
+class Api:
+    """One command's HTTP client: base URL, tokens, and failures as one line."""
+
+    def __init__(
+        self,
+        http: str | None,
+        context: str | None,
+        channel_token: str | None = None,
+        consumer_token: str | None = None,
+    ) -> None:
+        try:
+            base = http or os.environ.get("TETHER_HTTP") or Target(context=context).resolve().http
+        except Failure as exc:
+            fail(str(exc))
+        self.base = (base or DEFAULT_HTTP).rstrip("/")
+        self.headers: dict[str, str] = {}
+        if channel_token:
+            self.headers["X-Broker-Channel-Token"] = channel_token
+        if consumer_token:
+            self.headers["X-Broker-Consumer-Token"] = consumer_token
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        form: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
+        url = path if path.startswith("http") else self.base + path
+        try:
+            resp = httpx.request(
+                method,
+                url,
+                headers=self.headers,
+                json=json_body,
+                data=form,
+                params=params,
+                timeout=30,
+            )
+        except httpx.HTTPError as exc:
+            fail(f"cannot reach {self.base}: {str(exc) or type(exc).__name__}")
+        if resp.status_code >= 400:
+            text = " ".join(resp.text.split())[:200]
+            fail(f"{method} {path}: HTTP {resp.status_code}{': ' + text if text else ''}")
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            fail(f"{method} {path}: the answer is not JSON")
+
+    def pages(self, path: str) -> list[str]:
+        """Every ``Result`` of a paged listing, following ``Pages.next``."""
+        out: list[str] = []
+        url: str | None = path
+        seen: set[str] = set()
+        while url and url not in seen:
+            seen.add(url)
+            page = self.call("GET", url) or {}
+            out.extend(page.get("Result") or [])
+            nxt = (page.get("Pages") or {}).get("next")
+            url = urljoin(self.base + "/", nxt) if nxt else None
+        return out
+
+
+@channel_app.command("ls", cls=Command)
+def channel_ls(as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None) -> None:
+    """List channels."""
+    names = [u.rsplit("/", 1)[-1] for u in Api(http, context).pages("/channels")]
+    if as_json:
+        emit_json(names)
+        return
+    table(f"Channels ({len(names)})", ["Channel"], [(n,) for n in sorted(names)])
+
+
+@channel_app.command("add", cls=Command)
+def channel_add(
+    channel: ChannelArg,
+    token: Annotated[str | None, typer.Option("--token", help="Its token (else random).")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Display name.")] = None,
+    as_json: JsonOpt = False,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Create a channel (its token is shown once)."""
+    form = {k: v for k, v in (("token", token), ("name", name)) if v}
+    made = Api(http, context).call("PUT", f"/channel/{channel}", form=form)
+    if as_json:
+        emit_json(made)
+        return
+    pairs(f"Channel {channel}", [("Name", made.get("Name")), ("Token", made.get("Token"))])
+
+
+@consumer_app.command("ls", cls=Command)
+def consumer_ls(
+    channel: ChannelArg, as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None
+) -> None:
+    """List a channel's consumers with their type."""
+    api = Api(http, context)
+    infos = [api.call("GET", url) for url in api.pages(f"/channel/{channel}/consumers")]
+    if as_json:
+        emit_json(infos)
+        return
+    table(
+        f"Consumers of {channel} ({len(infos)})",
+        ["Consumer", "Type", "Callback"],
+        [(i["ID"], i.get("Type") or "push", i.get("CallbackURL", "")) for i in infos],
+    )
+
+
+@consumer_app.command("add", cls=Command)
+def consumer_add(
+    channel: ChannelArg,
+    consumer: ConsumerArg,
+    token: Annotated[str | None, typer.Option("--token", help="Its token (else random).")] = None,
+    kind: Annotated[str, typer.Option("--type", help="pull or push.")] = "pull",
+    callback: Annotated[str | None, typer.Option("--callback", help="Push: URL to call.")] = None,
+    as_json: JsonOpt = False,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Create a consumer of CHANNEL (pull by default)."""
+    form = {"type": kind}
+    if token:
+        form["token"] = token
+    if callback:
+        form["callbackUrl"] = callback
+    made = Api(http, context).call("PUT", f"/channel/{channel}/consumer/{consumer}", form=form)
+    if as_json:
+        emit_json(made)
+        return
+    pairs(
+        f"Consumer {channel} > {consumer}",
+        [("Type", made.get("Type")), ("Token", made.get("Token"))],
+    )
+
+
+def _job_rows(jobs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    rows = []
+    for job in jobs:
+        msg = job.get("Message") or {}
+        payload = str(msg.get("Payload", ""))
+        rows.append(
+            (
+                job.get("ID"),
+                job.get("State", ""),
+                msg.get("MessageID", ""),
+                payload if len(payload) <= 40 else payload[:39] + "…",
+                job.get("Deadline", ""),
+            )
+        )
+    return rows
+
+
+def _jobs_table(title: str, jobs: list[dict[str, Any]]) -> None:
+    table(title, ["Job", "State", "Message", "Payload", "Deadline"], _job_rows(jobs))
+
+
+@jobs_app.command("ls", cls=Command)
+def jobs_ls(
+    channel: ChannelArg,
+    consumer: ConsumerArg,
+    state: Annotated[str, typer.Option("--state", help="queued or dead.")] = "queued",
+    limit: Annotated[int, typer.Option("--limit", help="Most jobs shown (queued).")] = 100,
+    channel_token: ChannelTokenOpt = None,
+    consumer_token: ConsumerTokenOpt = None,
+    as_json: JsonOpt = False,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """A pull consumer's jobs: queued (oldest first) or dead."""
+    if state not in ("queued", "dead"):
+        raise typer.BadParameter("--state is queued or dead")
+    api = Api(http, context, channel_token, consumer_token)
+    base = f"/channel/{channel}/consumer/{consumer}"
+    if state == "queued":
+        jobs = (api.call("GET", f"{base}/queued-jobs", params={"limit": limit}) or {}).get(
+            "Result"
+        ) or []
+        for job in jobs:
+            job.setdefault("State", "QUEUED")
+    else:
+        jobs = _dead(api, base)
+    if as_json:
+        emit_json(jobs)
+        return
+    _jobs_table(f"{state.capitalize()} jobs of {channel} > {consumer} ({len(jobs)})", jobs)
+
+
+def _dead(api: Api, base: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    url: str | None = f"{base}/dlq"
+    seen: set[str] = set()
+    while url and url not in seen:
+        seen.add(url)
+        page = api.call("GET", url) or {}
+        for job in page.get("DeadJobs") or []:
+            # webhook-broker's dead-letter shape names the job only in its requeue URL.
+            requeue = str(job.get("JobRequeueURL", ""))
+            job.setdefault("ID", requeue.removesuffix("/requeue-dead-job").rsplit("/", 1)[-1])
+            job.setdefault("State", job.get("Status", "DEAD"))
+            message_id = str(job.get("MessageURL", "")).rsplit("/", 1)[-1]
+            job.setdefault("Message", {"MessageID": message_id})
+            out.append(job)
+        nxt = (page.get("Pages") or {}).get("next")
+        url = urljoin(api.base + "/", nxt) if nxt else None
+    return out
+
+
+@jobs_app.command("claim", cls=Command)
+def claim(
+    channel: ChannelArg,
+    consumer: ConsumerArg,
+    max_jobs: Annotated[int, typer.Option("--max", help="Most jobs (1-100).")] = 1,
+    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for jobs.")] = 0,
+    timeout: Annotated[
+        int, typer.Option("--timeout", help="Seconds added to each job's in-flight time.")
+    ] = 0,
+    channel_token: ChannelTokenOpt = None,
+    consumer_token: ConsumerTokenOpt = None,
+    as_json: JsonOpt = False,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Claim queued jobs: they become INFLIGHT until done or their deadline."""
+    body: dict[str, Any] = {"Max": max_jobs, "Wait": wait}
+    if timeout:
+        body["IncrementalTimeout"] = timeout
+    api = Api(http, context, channel_token, consumer_token)
+    got = api.call("POST", f"/channel/{channel}/consumer/{consumer}/claim", json_body=body)
+    jobs = (got or {}).get("Result") or []
+    for job in jobs:
+        job.setdefault("State", "INFLIGHT")
+    if as_json:
+        emit_json(jobs)
+        return
+    _jobs_table(f"Claimed {len(jobs)}", jobs)
+
+
+@jobs_app.command("done", cls=Command)
+def done(
+    channel: ChannelArg,
+    consumer: ConsumerArg,
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    state: Annotated[
+        str, typer.Option("--state", help="DELIVERED, DEAD or QUEUED (retry).")
+    ] = "DELIVERED",
+    channel_token: ChannelTokenOpt = None,
+    consumer_token: ConsumerTokenOpt = None,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Settle an in-flight job."""
+    api = Api(http, context, channel_token, consumer_token)
+    api.call(
+        "POST",
+        f"/channel/{channel}/consumer/{consumer}/job/{job}",
+        json_body={"NextState": state.upper()},
+    )
+    typer.echo(f"Job {job}: {state.upper()}")
+
+
+@dead_app.command("ls", cls=Command)
+def dead_ls(
+    channel: ChannelArg,
+    consumer: ConsumerArg,
+    channel_token: ChannelTokenOpt = None,
+    consumer_token: ConsumerTokenOpt = None,
+    as_json: JsonOpt = False,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """A consumer's dead jobs."""
+    api = Api(http, context, channel_token, consumer_token)
+    jobs = _dead(api, f"/channel/{channel}/consumer/{consumer}")
+    if as_json:
+        emit_json(jobs)
+        return
+    _jobs_table(f"Dead jobs of {channel} > {consumer} ({len(jobs)})", jobs)
+
+
+@dead_app.command("requeue", cls=Command)
+def dead_requeue(
+    channel: ChannelArg,
+    consumer: ConsumerArg,
+    job: Annotated[str | None, typer.Argument(help="Only this job (else all).")] = None,
+    channel_token: ChannelTokenOpt = None,
+    consumer_token: ConsumerTokenOpt = None,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Put dead jobs back in the queue (one, or all of them)."""
+    api = Api(http, context, channel_token, consumer_token)
+    base = f"/channel/{channel}/consumer/{consumer}"
+    if job:
+        api.call("POST", f"{base}/job/{job}/requeue-dead-job")
+        typer.echo(f"Job {job} requeued")
+        return
+    if not consumer_token:
+        raise typer.BadParameter("requeueing all dead jobs needs --consumer-token")
+    api.call("POST", f"{base}/dlq", form={"requeue": consumer_token})
+    typer.echo(f"Dead jobs of {channel} > {consumer} requeued")
