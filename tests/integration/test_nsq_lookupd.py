@@ -1,0 +1,150 @@
+"""Discovery: nsqlookupd's HTTP API served by every node, about itself and its peers.
+Two nodes told about each other; pynsq's Reader given one node's address as its
+``lookupd_http_addresses`` finds the producers of a topic on both."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Iterator
+
+import httpx
+import nsq
+import pytest
+
+from tether.testing import RunningServer, run_server
+
+V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_until(condition: Callable[[], bool], within: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, RunningServer]]:
+    fast = tmp_path_factory.mktemp("lookupd") / "tether.toml"
+    fast.write_text("nsq_lookupd_poll_interval = 0.3\n")  # peers polled often
+    http_a, http_b, dead = free_port(), free_port(), free_port()
+    peer_a = [
+        "--nsq-lookupd-peer",
+        f"127.0.0.1:{http_b}",
+        "--nsq-lookupd-peer",
+        f"127.0.0.1:{dead}",
+    ]
+    peer_b = ["--nsq-lookupd-peer", f"127.0.0.1:{http_a}", "--nsq-lookupd-http-port", "-1"]
+    with (
+        run_server(http_port=http_a, args=[*peer_a, "--config", str(fast)]) as a,
+        run_server(http_port=http_b, args=[*peer_b, "--config", str(fast)]) as b,
+    ):
+        yield a, b
+
+
+async def lookup(server: RunningServer, topic: str) -> httpx.Response:
+    async with httpx.AsyncClient() as http:
+        return await http.get(f"{server.http_url}/lookup", params={"topic": topic}, headers=V1)
+
+
+async def publish(server: RunningServer, topic: str, body: bytes) -> None:
+    async with httpx.AsyncClient() as http:
+        r = await http.post(f"{server.http_url}/pub", params={"topic": topic}, content=body)
+        assert r.status_code == 200
+
+
+async def test_lookup_lists_producers_on_both_nodes(
+    pair: tuple[RunningServer, RunningServer],
+) -> None:
+    a, b = pair
+    await publish(a, "both", b"from a")
+    await publish(b, "both", b"from b")
+    await publish(b, "only_b", b"x")
+    ports: set[int] = set()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while ports != {a.nsq_port, b.nsq_port}:
+        assert loop.time() < deadline, ports
+        r = await lookup(a, "both")
+        if r.status_code == 200:
+            ports = {p["tcp_port"] for p in r.json()["producers"]}
+        await asyncio.sleep(0.1)
+    doc = (await lookup(a, "both")).json()
+    for producer in doc["producers"]:
+        assert set(producer) >= {
+            "remote_address",
+            "hostname",
+            "broadcast_address",
+            "tcp_port",
+            "http_port",
+            "version",
+        }
+        assert producer["broadcast_address"] == "127.0.0.1"
+    assert {p["http_port"] for p in doc["producers"]} == {a.http_port, b.http_port}
+    # A topic only b has: a still finds it; one nobody has is 404.
+    r = await lookup(a, "only_b")
+    assert [p["tcp_port"] for p in r.json()["producers"]] == [b.nsq_port]
+    r = await lookup(a, "nobody")
+    assert (r.status_code, r.json()) == (404, {"message": "TOPIC_NOT_FOUND"})
+    async with httpx.AsyncClient(base_url=a.http_url, headers=V1) as http:
+        topics = (await http.get("/topics")).json()["topics"]
+        assert {"both", "only_b"} <= set(topics)
+        nodes = (await http.get("/nodes")).json()["producers"]
+        assert {n["tcp_port"] for n in nodes} == {a.nsq_port, b.nsq_port}  # the dead peer is not
+        assert (await http.get("/lookup")).json() == {"message": "MISSING_ARG_TOPIC"}
+        assert (await http.get("/ping")).text == "OK"
+
+
+async def test_lookupd_s_own_port(pair: tuple[RunningServer, RunningServer]) -> None:
+    _, b = pair
+    port = int(b.stderr.split("Listening for nsqlookupd queries on 127.0.0.1:")[1].split()[0])
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=V1) as http:
+        assert (await http.get("/ping")).text == "OK"
+        assert set((await http.get("/info")).json()) == {"version"}
+        assert (await http.get("/channels")).json() == {"message": "MISSING_ARG_TOPIC"}
+        assert (await http.post("/pub?topic=x", content=b"x")).status_code == 404
+
+
+async def test_a_pynsq_reader_discovers_both_nodes(
+    pair: tuple[RunningServer, RunningServer],
+) -> None:
+    a, b = pair
+    await publish(a, "disc", b"a1")
+    await publish(b, "disc", b"b1")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while True:
+        r = await lookup(a, "disc")
+        if r.status_code == 200 and len(r.json()["producers"]) == 2:
+            break
+        assert loop.time() < deadline
+        await asyncio.sleep(0.1)
+    got: list[bytes] = []
+
+    def handler(msg: nsq.Message) -> bool:
+        got.append(msg.body)
+        return True
+
+    reader = nsq.Reader(
+        topic="disc",
+        channel="c",
+        lookupd_http_addresses=[a.http_url],
+        lookupd_poll_interval=1,
+        message_handler=handler,
+        max_in_flight=10,
+    )
+    try:
+        await wait_until(lambda: len(reader.conns) == 2)
+        await wait_until(lambda: sorted(got) == [b"a1", b"b1"])
+        await publish(b, "disc", b"b2")
+        await wait_until(lambda: b"b2" in got)
+    finally:
+        reader.close()
