@@ -231,3 +231,21 @@ def test_jobs(server: RunningServer) -> None:
     one_line_failure(wrong, "HTTP 403")
     down = tether("jobs", "channel", "ls", "--http", "http://127.0.0.1:1")
     one_line_failure(down, "cannot reach http://127.0.0.1:1")
+
+
+def test_shell_completion() -> None:
+    shown = ok("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    assert "_tether_completion" in shown
+    done = subprocess.run(
+        [sys.executable, "-c", "from tether.cli.main import main; main()"],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "_TETHER_COMPLETE": "complete_bash",
+            "COMP_WORDS": "tether st",
+            "COMP_CWORD": "1",
+        },
+        timeout=60,
+    )
+    assert done.stdout.split() == ["store", "stream"], done.stderr

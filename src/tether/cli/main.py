@@ -33,7 +33,7 @@ app = typer.Typer(
     name="tether",
     help="Tether: a durable message broker with first-class pull consumers.",
     cls=Group,
-    add_completion=False,
+    add_completion=True,
     context_settings=CONTEXT,
     rich_markup_mode=MARKUP,
 )
