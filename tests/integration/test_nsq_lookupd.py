@@ -1,17 +1,21 @@
 """Discovery: nsqlookupd's HTTP API served by every node, about itself and its peers.
 Two nodes told about each other; pynsq's Reader given one node's address as its
-``lookupd_http_addresses`` finds the producers of a topic on both."""
+``lookupd_http_addresses`` finds the producers of a topic on both, and so does
+``tether.client.Worker`` with discovery."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import nsq
 import pytest
 
+from tether.client import AckPolicy, ConsumerConfig, DeliverPolicy, Worker
+from tether.client.discovery import Discovery, Producer, jetstream_connector
 from tether.testing import RunningServer, run_server
 
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
@@ -148,3 +152,41 @@ async def test_a_pynsq_reader_discovers_both_nodes(
         await wait_until(lambda: b"b2" in got)
     finally:
         reader.close()
+
+
+async def test_a_worker_discovers_both_nodes(pair: tuple[RunningServer, RunningServer]) -> None:
+    """tether.client.Worker with discovery: lookups on one node, a source per producer
+    (over NATS, on the topic's stream), ``max_in_flight`` shared by both."""
+    a, b = pair
+    for srv, body in ((a, b"wa1"), (a, b"wa2"), (b, b"wb1"), (b, b"wb2")):
+        await publish(srv, "work", body)
+    config = ConsumerConfig(
+        durable_name="workers", ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL
+    )
+    connect, close = jetstream_connector("NSQ_work", "workers", config)
+    discovery = Discovery([a.http_url], "work", connect, poll_interval=0.3)
+    got: list[bytes] = []
+
+    async def handler(msg: Any) -> None:
+        got.append(msg.data)
+
+    worker = Worker([], handler, max_in_flight=3, heartbeat=None, discovery=discovery)
+    try:
+        await worker.start()
+        await wait_until(lambda: sorted(got) == [b"wa1", b"wa2", b"wb1", b"wb2"])
+        assert set(discovery.known) == {f"127.0.0.1:{a.nsq_port}", f"127.0.0.1:{b.nsq_port}"}
+        assert sum(s.rdy for s in worker.ready.sources) <= 3
+        await publish(b, "work", b"wb3")
+        await wait_until(lambda: b"wb3" in got)
+    finally:
+        await worker.stop()
+        await close()
+
+
+async def test_discovery_skips_an_address_that_does_not_answer() -> None:
+    async def never(producer: Producer) -> None:
+        raise AssertionError("nothing to connect to")
+
+    discovery = Discovery([f"127.0.0.1:{free_port()}"], "t", never, request_timeout=0.5)
+    assert await discovery.poll() == []
+    assert list(discovery.failed) == discovery.addresses

@@ -11,6 +11,10 @@ deliveries → ``on_give_up(msg)``, then term. Failures put the whole worker in 
 (pull nothing, then test with one message, shrink on success). ``msg.in_progress()``
 is sent only when the handler asks for it. An ``async def`` handler runs in a pool of
 at most ``max_in_flight`` tasks; a plain function runs in a thread pool.
+
+With ``discovery`` (:class:`~tether.client.discovery.Discovery`) the worker also finds
+its servers itself: it polls nsqlookupd-style ``/lookup`` endpoints and adds a source
+for each new producer (:meth:`Worker.add`); ``max_in_flight`` is shared by them all.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from tether.client._pull_requests import expires_ns, status_error
 from tether.client.backoff import Backoff
+from tether.client.discovery import Discovery
 from tether.client.errors import ClientError, HeartbeatMissed
 from tether.client.message import (
     STATUS_CONFLICT,
@@ -144,10 +149,11 @@ class Worker:
         threads: int | None = None,
         stop_timeout: float = 30.0,
         error_pause: float = 1.0,
+        discovery: Discovery | None = None,
     ) -> None:
         subs = [consumer] if isinstance(consumer, PullSubscription) else list(consumer)
-        if not subs:
-            raise ValueError("a worker needs at least one pull subscription")
+        if not subs and discovery is None:
+            raise ValueError("a worker needs at least one pull subscription, or discovery")
         self.handler = handler
         self.max_in_flight = max_in_flight
         self.max_attempts = max_attempts
@@ -185,6 +191,8 @@ class Worker:
         self._window: asyncio.TimerHandle | None = None
         self._running = False
         self._stopped = asyncio.Event()
+        self.discovery = discovery
+        self._discovering: asyncio.Task[None] | None = None
         self.processed = 0
         self.acked = 0
         self.retried = 0
@@ -203,6 +211,20 @@ class Worker:
             src.last_activity = self._loop.time()
             self._reconcile(src)
         self._ticker = self._loop.create_task(self._tick_loop())
+        if self.discovery is not None:
+            self._discovering = self._loop.create_task(self.discovery.run(self.add))
+
+    def add(self, sub: PullSubscription) -> None:
+        """Pull from one more subscription (a server found by discovery); it starts at
+        RDY 1 and gets its share of ``max_in_flight`` as messages flow."""
+        i = len(self._sources)
+        src = _Source(self, sub, self.ready.add_source(f"{sub.stream}/{sub.consumer}#{i}"))
+        self._sources.append(src)
+        if self._running:
+            sub._attach(src)
+            src.last_activity = self._loop.time()
+            self.ready.rebalance()
+            self._reconcile_all()
 
     async def run(self) -> None:
         """Start, then wait until :meth:`stop` is called."""
@@ -214,6 +236,11 @@ class Worker:
         if not self._running:
             return
         self._running = False
+        if self._discovering is not None:
+            self._discovering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._discovering
+            self._discovering = None
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):

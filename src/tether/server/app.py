@@ -145,7 +145,12 @@ class Tether:
             lambda: nsq_http.node_view(), cfg.nsq_lookupd_peers, cfg.nsq_lookupd_poll_interval
         )
         nsq_http = NsqHttp(
-            front, self.nsq, self.lookupd, lambda: self.http_port, self._gateway(front)
+            front,
+            self.nsq,
+            self.lookupd,
+            lambda: self.http_port,
+            self._gateway(front),
+            nats_port=lambda: self.nats.port,
         )
         return nsq_http
 

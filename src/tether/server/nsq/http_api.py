@@ -87,6 +87,7 @@ class NsqHttp:
         http_port: Callable[[], int],
         gateway: GatewayMiddleware | None = None,
         *,
+        nats_port: Callable[[], int] | None = None,
         lookupd_only: bool = False,
     ) -> None:
         self.app = app
@@ -95,6 +96,7 @@ class NsqHttp:
         self.config = nsq.config
         self.lookupd = lookupd
         self.http_port = http_port
+        self.nats_port = nats_port or (lambda: 0)
         self.gateway = gateway
         self.broadcast_address = broadcast_address(
             self.config.nsq_broadcast_address, self.config.host
@@ -388,6 +390,7 @@ class NsqHttp:
             "max_deflate_level": cfg.nsq_max_deflate_level,
             "topology_zone": "",
             "topology_region": "",
+            "nats_port": self.nats_port(),  # Tether's: where the same node speaks NATS
         }
 
     async def _lookupd_info(self, scope: Scope, receive: Receive, query: Query) -> dict[str, Any]:
@@ -402,6 +405,7 @@ class NsqHttp:
             "tcp_port": self.nsq.port,
             "http_port": self.http_port(),
             "version": NSQD_VERSION,
+            "nats_port": self.nats_port(),
         }
         topics = {
             name: list(topic.channels)

@@ -53,6 +53,7 @@ class _Info(msgspec.Struct):
     tcp_port: int = 0
     http_port: int = 0
     version: str = ""
+    nats_port: int = 0  # a Tether node's NATS port (not in nsqd's answer)
 
 
 class _ChannelStats(msgspec.Struct):
@@ -133,6 +134,7 @@ class Lookupd:
             "tcp_port": info.tcp_port,
             "http_port": info.http_port,
             "version": info.version,
+            "nats_port": info.nats_port,
         }
         topics = {t.topic_name: [c.channel_name for c in t.channels] for t in stats.topics or []}
         self.views[peer] = NodeView(producer, topics)
@@ -196,7 +198,9 @@ def _union(lists: Any) -> list[str]:
 
 
 def _peer_info(producer: dict[str, Any]) -> dict[str, Any]:
-    return {
+    """nsqlookupd's ``PeerInfo``, plus ``nats_port`` for a Tether node (clients ignore
+    fields they do not know; :mod:`tether.client.discovery` reads it)."""
+    info = {
         "remote_address": producer.get("remote_address", ""),
         "hostname": producer.get("hostname", ""),
         "broadcast_address": producer.get("broadcast_address", ""),
@@ -206,3 +210,6 @@ def _peer_info(producer: dict[str, Any]) -> dict[str, Any]:
         "topology_zone": "",
         "topology_region": "",
     }
+    if producer.get("nats_port"):
+        info["nats_port"] = producer["nats_port"]
+    return info
