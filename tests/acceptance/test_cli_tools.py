@@ -249,3 +249,49 @@ def test_shell_completion() -> None:
         timeout=60,
     )
     assert done.stdout.split() == ["store", "stream"], done.stderr
+
+
+def _dead_letters(url: str) -> None:
+    """ORDERS with a consumer that terminated messages 1 and 2 and acked 3."""
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(name="ORDERS", subjects=["orders.>"])
+        for i in range(3):
+            await js.publish("orders.new", b"order %d" % i)
+        sub = await js.pull_subscribe("orders.>", "billing", stream="ORDERS")
+        msgs = await sub.fetch(3, timeout=5)
+        await msgs[0].term()
+        await msgs[1].term()
+        await msgs[2].ack_sync()
+        await nc.close()
+
+    asyncio.run(main())
+
+
+def test_consumer_dead_letters(source: str, request: pytest.FixtureRequest) -> None:
+    _dead_letters(source)
+    server = ("--server", source)
+    listed = tether("consumer", "dead", "ls", "ORDERS", "billing", "--json", *server)
+    if request.node.callspec.params["source"] == "nats-server":  # it keeps none
+        one_line_failure(listed, "this server keeps no dead letters")
+        return
+    assert listed.returncode == 0, listed.stderr
+    letters = json.loads(listed.stdout)
+    assert [(d["seq"], d["subject"], d["reason"]) for d in letters] == [
+        (1, "orders.new", "terminated"),
+        (2, "orders.new", "terminated"),
+    ]
+    assert "terminated" in ok("consumer", "dead", "ls", "ORDERS", "billing", *server)
+    assert "Requeued 1 dead letter" in ok(
+        "consumer", "dead", "requeue", "ORDERS", "billing", "1", *server
+    )
+    got = json.loads(ok("consumer", "next", "ORDERS", "billing", "--json", *server))
+    assert [m["stream_seq"] for m in got] == [1]
+    removed = json.loads(ok("consumer", "dead", "rm", "ORDERS", "billing", "--json", *server))
+    assert removed == {"deleted": 1}
+    assert json.loads(ok("consumer", "dead", "ls", "ORDERS", "billing", "--json", *server)) == []
+    missing = tether("consumer", "dead", "requeue", "ORDERS", "billing", "9", *server)
+    one_line_failure(missing, "no dead letter at sequence 9")
+    one_line_failure(tether("consumer", "dead", "ls", "ORDERS", "x", *server), "consumer not found")

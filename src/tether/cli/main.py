@@ -20,6 +20,7 @@ from tether.cli.backup import register as register_backup
 from tether.cli.bench import bench_app
 from tether.cli.consumer import consumer_app
 from tether.cli.context import context_app
+from tether.cli.dead import dead_app
 from tether.cli.jobs import jobs_app
 from tether.cli.kv import kv_app
 from tether.cli.messages import register as register_messages
@@ -273,6 +274,7 @@ app.add_typer(object_app, name="object")
 app.add_typer(bench_app, name="bench")
 app.add_typer(jobs_app, name="jobs")
 register_backup(stream_app)
+consumer_app.add_typer(dead_app, name="dead")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from tether.server.http.limits import HttpLimits
 from tether.server.http.listener import HttpListener
 from tether.server.listen import show
 from tether.server.nats.consumers import ConsumerApi
+from tether.server.nats.dead_letters import DeadLetterApi
 from tether.server.nats.jetstream import API_PREFIX, JetStreamApi
 from tether.server.nats.server import NatsServer
 from tether.server.nats.stream_read import StreamReadApi
@@ -61,6 +62,7 @@ class Tether:
         self.consumers: ConsumerRegistry | None = None
         self.consumer_api: ConsumerApi | None = None
         self.stream_read: StreamReadApi | None = None
+        self.dead_letters: DeadLetterApi | None = None
         self.webhooks: WebhookService | None = None
         self.webhook_front: webhook_api.WebhookFront | None = None
         self.nsq: NsqServer | None = None
@@ -118,6 +120,8 @@ class Tether:
         self.consumer_api.start()
         self.stream_read = StreamReadApi(self.nats.router, self.broker)
         self.stream_read.start()
+        self.dead_letters = DeadLetterApi(self.nats.router, self.consumers)
+        self.dead_letters.start()
         self.nats.jetstream = True
         self.webhooks = WebhookService(
             self.broker,
@@ -241,6 +245,8 @@ class Tether:
             await self.consumer_api.stop()
         if self.stream_read is not None:
             await self.stream_read.stop()
+        if self.dead_letters is not None:
+            await self.dead_letters.stop()
         if self.nsq is not None:
             await self.nsq.stop()
         if self.consumers is not None:
