@@ -33,7 +33,7 @@ def test_a_refused_conf_file_lists_every_refusal(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as caught:
         load_config(path, {}, [])
     assert str(caught.value).splitlines() == [
-        f"{path}:2:1: tls refused: TLS is not supported yet: clients would connect in plain text",
+        f"{path}:2:1: tls: missing 'key_file' in TLS configuration",
         f"{path}:3:1: no_auth_user refused: not supported yet: "
         "clients without credentials would not become that user",
     ]

@@ -125,6 +125,10 @@ def _minimal(block: str, name: str) -> str:
         return f"{name}: 1"
     if block == "authorization.users":
         return f"authorization {{ users: [ {{ user: a, {name}: 1 }} ] }}"
+    if block == "tls":  # a tls block needs its certificate and key
+        return f"tls {{\n  {name}: 1\n  cert_file: c.pem, key_file: k.pem\n}}"
+    if block == "websocket.tls":
+        return f"websocket {{ tls {{\n  {name}: 1\n  cert_file: c.pem, key_file: k.pem\n}} }}"
     return f"{block} {{\n  {name}: 1\n}}"
 
 
@@ -160,20 +164,77 @@ def test_warnings_follow_the_file_and_name_each_line() -> None:
         "t.conf:15:1: cluster ignored: Tether runs as a single server",
         "t.conf:23:1: gateway ignored: Tether runs as a single server",
         "t.conf:24:1: leafnodes ignored: leaf node connections are not supported",
-        "t.conf:25:1: websocket ignored: the WebSocket listener is not supported yet: not started",
         "t.conf:26:1: mqtt ignored: the MQTT listener is not supported",
         "t.conf:5:1: http host 'localhost' ignored: Tether serves HTTP on the client host",
     ]
     assert result.errors == ['t.conf:7:1: unknown field "tls_was"']
 
 
-def test_the_production_cluster_file_is_refused_for_its_tls() -> None:
+def test_the_production_cluster_file_keeps_its_tls_and_websocket() -> None:
     result = translate(parse_file(CORPUS / "cluster.conf"))
-    assert result.errors == [
-        f"{CORPUS / 'cluster.conf'}:7:1: tls refused: "
-        "TLS is not supported yet: clients would connect in plain text"
-    ]
-    assert result.values["lame_duck_duration"] == 120.0
+    assert result.errors == []
+    values = result.values
+    assert values["tls"] is True and values["tls_verify"] is True
+    assert (values["tls_cert"], values["tls_key"], values["tls_ca"], values["tls_timeout"]) == (
+        "./certs/server.pem",
+        "./certs/server-key.pem",
+        "./certs/ca.pem",
+        2.0,
+    )
+    assert (values["ws_port"], values["ws_no_tls"]) == (8080, True)
+    assert values["lame_duck_duration"] == 120.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tls { cert_file: c, key_file: k }", {"tls": True, "tls_cert": "c", "tls_key": "k"}),
+        (
+            "tls { cert_file: c, key_file: k, handshake_first: true, timeout: 0.5 }",
+            {
+                "tls": True,
+                "tls_cert": "c",
+                "tls_key": "k",
+                "tls_handshake_first": True,
+                "tls_timeout": 0.5,
+            },
+        ),
+        ("https: 8443", {"http_port": 8443, "http_tls": True}),
+        (
+            "websocket { port: 8080, no_tls: true, compression: true, same_origin: true }",
+            {"ws_port": 8080, "ws_no_tls": True, "ws_compression": True, "ws_same_origin": True},
+        ),
+        (
+            'websocket { port: -1, allowed_origins: "https://a.example" }',
+            {"ws_port": -1, "ws_allowed_origins": ["https://a.example"]},
+        ),
+        (
+            "websocket { port: 1, tls { cert_file: c, key_file: k } }",
+            {"ws_port": 1, "ws_tls_cert": "c", "ws_tls_key": "k"},
+        ),
+    ],
+)
+def test_tls_and_websocket(text: str, expected: dict[str, Any]) -> None:
+    assert settings(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tls { cert_file: c }", "t.conf:1:1: tls: missing 'key_file' in TLS configuration"),
+        ("tls { key_file: k }", "t.conf:1:1: tls: missing 'cert_file' in TLS configuration"),
+        (
+            'tls { cert_file: c, key_file: k, handshake_first: "auto" }',
+            "t.conf:1:34: tls.handshake_first: only true or false",
+        ),
+        (
+            "websocket { port: 1, allowed_origins: [ftp://x] }",
+            "websocket.allowed_origins: 'ftp://x' is not an http:// or https:// URL",
+        ),
+    ],
+)
+def test_tls_and_websocket_errors(text: str, message: str) -> None:
+    assert message in refused(text)
 
 
 def test_a_bare_number_for_a_duration_is_seconds_with_a_warning() -> None:
@@ -241,7 +302,10 @@ def test_same_http_and_client_host_is_not_warned_about() -> None:
         ),
         ("no_auth_user: app", "t.conf:1:1: no_auth_user refused"),
         ("accounts { A: { users: [ {user: a, password: b} ] } }", "t.conf:1:1: accounts refused"),
-        ("tls { cert_file: a.pem, key_file: a.key }", "t.conf:1:1: tls refused"),
+        (
+            "tls { cert_file: a.pem, key_file: a.key, verify_and_map: true }",
+            "t.conf:1:42: tls.verify_and_map refused: a certificate cannot name a user",
+        ),
         ("jetstream { key: s3cret }", "t.conf:1:13: jetstream.key refused: encryption at rest"),
         ("mappings { a: b }", "t.conf:1:1: mappings refused: subject mappings"),
     ],

@@ -26,7 +26,7 @@ _ALIASES = {
     "--server_name": "--server-name",
 }
 # Switches that Go's flag package also takes as -name=<bool>.
-_BOOL_SWITCHES = {"--jetstream"}
+_BOOL_SWITCHES = {"--jetstream", "--tls", "--tlsverify"}
 # Go's strconv.ParseBool.
 _GO_TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _GO_FALSE = {"0", "f", "F", "false", "FALSE", "False"}

@@ -78,6 +78,29 @@ def _setup_logging(level: str, log_file: str | None = None) -> None:
     )
 
 
+def _tls_flags(
+    tls: bool | None,
+    cert: str | None,
+    key: str | None,
+    ca: str | None,
+    verify: bool | None,
+) -> dict[str, Any]:
+    """nats-server's --tls* flags: any of them replaces the file's whole tls block, and
+    a certificate, a key, a CA or --tlsverify turns TLS on unless --tls=false says no."""
+    if tls is None and cert is None and key is None and ca is None and verify is None:
+        return {}
+    on = bool(cert or key or ca or verify) if tls is None else tls
+    return {
+        "tls": on,
+        "tls_cert": cert or "",
+        "tls_key": key or "",
+        "tls_ca": ca or "",
+        "tls_verify": bool(verify) and on,
+        "tls_verify_and_map": False,
+        "tls_handshake_first": False,
+    }
+
+
 @app.command(cls=Command)
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
@@ -121,6 +144,28 @@ def serve(
     auth_token: Annotated[str | None, typer.Option(help="Require this token.")] = None,
     user: Annotated[str | None, typer.Option(help="Require this user.")] = None,
     password: Annotated[str | None, typer.Option(help="Password for --user.")] = None,
+    tls: Annotated[
+        bool | None,
+        typer.Option(
+            "--tls/--no-tls",
+            help="Require TLS of clients (with --tlscert and --tlskey); any --tls* flag "
+            "replaces the file's tls block.",
+            show_default=False,
+        ),
+    ] = None,
+    tlscert: Annotated[str | None, typer.Option(help="Server certificate file (PEM).")] = None,
+    tlskey: Annotated[str | None, typer.Option(help="Private key of the certificate.")] = None,
+    tlscacert: Annotated[
+        str | None, typer.Option(help="CAs that sign client certificates (PEM).")
+    ] = None,
+    tlsverify: Annotated[
+        bool | None,
+        typer.Option(
+            "--tlsverify/--no-tlsverify",
+            help="Require and verify a client certificate.",
+            show_default=False,
+        ),
+    ] = None,
     max_payload: Annotated[int | None, typer.Option(help="Largest message payload.")] = None,
     max_connections: Annotated[int | None, typer.Option(help="Most client connections.")] = None,
     max_pending: Annotated[
@@ -188,6 +233,7 @@ def serve(
         "webhook_broker_config": str(webhook_broker_config) if webhook_broker_config else None,
         "jetstream": jetstream,
     }
+    overrides.update(_tls_flags(tls, tlscert, tlskey, tlscacert, tlsverify))
     ignored: list[str] = []  # what a nats-server file asks for that Tether ignores
     try:
         cfg = load_config(config, overrides, ignored)

@@ -96,7 +96,10 @@ class Tether:
             idle_timeout=cfg.http_idle_timeout,
             max_connections=cfg.http_max_connections,
         )
-        self.http = HttpListener(front, cfg.host, cfg.http_port, limits)
+        https = (
+            (cfg.tls_cert, cfg.tls_key) if cfg.http_tls and cfg.tls_cert and cfg.tls_key else None
+        )
+        self.http = HttpListener(front, cfg.host, cfg.http_port, limits, https)
         await self.http.start()
         self.http_port = self.http.port
         await self._start_lookupd(limits)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +62,25 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     auth_token: str | None = None
     user: str | None = None
     password: str | None = None
+    # -- TLS (docs/tls.md): nats-server's tls {} block and --tls* flags --------------------
+    tls: bool = False  # clients must upgrade to TLS (INFO says tls_required)
+    tls_cert: str | None = None  # PEM certificate chain
+    tls_key: str | None = None  # PEM private key
+    tls_ca: str | None = None  # CAs that sign client certificates (verify)
+    tls_verify: bool = False  # require and verify a client certificate
+    tls_verify_and_map: bool = False  # ... and its subject names the user (refused for now)
+    tls_timeout: float = 2.0  # seconds the handshake may take
+    tls_handshake_first: bool = False  # TLS from the first byte; INFO inside TLS
+    http_tls: bool = False  # the HTTP port serves HTTPS with tls_cert and tls_key
+    # -- WebSocket (docs/tls.md): nats-server's websocket {} block -----------------------------
+    ws_port: int = 0  # 0: no WebSocket listener; -1 picks a free port
+    ws_no_tls: bool = False  # plain ws:// (nats-server insists on saying so)
+    ws_tls_cert: str | None = None  # wss:// with this certificate and key
+    ws_tls_key: str | None = None
+    ws_compression: bool = False  # permessage-deflate when the client offers it
+    ws_same_origin: bool = False  # an Origin header must name the request's host
+    ws_allowed_origins: list[str] = msgspec.field(default_factory=list)
+    ws_handshake_timeout: float = 0.0  # seconds for the upgrade request; 0: no limit
     max_payload: int = MiB
     max_connections: int = 64 * 1024
     max_pending: int = 64 * MiB  # per-connection outbound bytes before "Slow Consumer"
@@ -228,6 +248,7 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
         raise ValueError(
             f"{source('port')} and {source('http_port')}: the NATS and the HTTP port must differ"
         )
+    _check_tls(cfg, source)
     if cfg.log_level.lower() not in LOG_LEVELS:
         raise ValueError(
             f"{source('log_level')}: unknown log level: expected one of {', '.join(LOG_LEVELS)}"
@@ -242,3 +263,28 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
             f"{source('lame_duck_grace_period')}: expected 0 or more seconds, "
             f"less than lame_duck_duration ({cfg.lame_duck_duration:g})"
         )
+
+
+def _check_tls(cfg: ServerConfig, source: Callable[[str], str]) -> None:
+    """TLS and WebSocket settings that cannot work, in nats-server's words where it has some."""
+    if cfg.tls or cfg.http_tls:
+        if not cfg.tls_cert:
+            raise ValueError("TLS Server certificate must be present and valid")
+        if not cfg.tls_key:
+            raise ValueError("TLS Server private key must be present and valid")
+    if cfg.tls_verify_and_map:
+        raise ValueError(
+            "tls verify_and_map is not supported yet: certificates cannot name users; "
+            "use verify (a client certificate is required) with the usual credentials"
+        )
+    if not -1 <= cfg.ws_port <= 65535:
+        raise ValueError(f"{source('ws_port')}: not a port: expected {PORT_RANGE}")
+    if cfg.ws_port:
+        if bool(cfg.ws_tls_cert) != bool(cfg.ws_tls_key):
+            raise ValueError(
+                "websocket: a TLS certificate needs its key, and a key its certificate"
+            )
+        if not cfg.ws_no_tls and not cfg.ws_tls_cert:
+            raise ValueError("websocket requires TLS configuration (or no_tls: true)")
+        if cfg.ws_port > 0 and cfg.ws_port in (cfg.port, cfg.http_port):
+            raise ValueError(f"{source('ws_port')}: the WebSocket port must differ from the others")

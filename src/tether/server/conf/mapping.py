@@ -12,6 +12,7 @@ only uses them as ``$VARIABLES``.
 from __future__ import annotations
 
 from tether.server.conf import readers as r
+from tether.server.conf import transports
 from tether.server.conf.readers import Key
 from tether.server.conf.values import Item
 
@@ -56,7 +57,6 @@ KEYS: tuple[Key, ...] = (
     _mapped("", "port", "`port` (`-1` picks a free port)", r.port_key),
     _mapped("", "http", '`http_port` (`"host:port"` or a port; HTTP is served on `host`)', r.http),
     _mapped("", "http_port monitor_port", "`http_port`", r.http_port_key),
-    _warn("", "https https_port", "monitoring over TLS is not supported: not served"),
     _warn("", "http_base_path", "Tether's HTTP paths have no prefix"),
     _warn("", "client_advertise", "INFO always names the listen address"),
     _mapped("", "server_name", "`server_name`", r.server_name),
@@ -101,9 +101,6 @@ KEYS: tuple[Key, ...] = (
         "`auth_token`, or `user` and `password`, and `auth_timeout` (keys below)",
         r.authorization,
     ),
-    _refuse("", "tls", "TLS is not supported yet: clients would connect in plain text"),
-    _warn("", "allow_non_tls", "TLS is not supported (a tls block is refused)"),
-    _warn("", "ocsp ocsp_cache", "TLS is not supported (a tls block is refused)"),
     _refuse("", "accounts", "accounts are not supported yet: all clients would share one account"),
     _refuse(
         "",
@@ -151,7 +148,6 @@ KEYS: tuple[Key, ...] = (
     _warn("", "gateway", "Tether runs as a single server"),
     _warn("", "leaf leafnodes", "leaf node connections are not supported"),
     _warn("", "mqtt", "the MQTT listener is not supported"),
-    _warn("", "websocket ws", "the WebSocket listener is not supported yet: not started"),
     _warn("", "connect_error_reports reconnect_error_reports", "Tether runs as a single server"),
     _warn("", "server_tags", "Tether runs as a single server"),
     _warn("", "server_metadata", "not reported"),
@@ -239,6 +235,9 @@ KEYS: tuple[Key, ...] = (
     _warn(
         _JS, "meta_compact meta_compact_size meta_compact_sync", "Tether runs as a single server"
     ),
+    # -- tls { }, https, websocket { } (conf/transports.py) ----------------------------
+    *transports.TOP_KEYS,
+    *transports.KEYS,
 )
 
 _BY_BLOCK: dict[str, dict[str, Key]] = {}
@@ -251,6 +250,7 @@ _BLOCK_TITLES = {
     _AUTH: "`authorization { }`",
     _USER: "`authorization { users: [ { } ] }`",
     _JS: "`jetstream { }`",
+    **transports.BLOCK_TITLES,
 }
 _STATUS_WORDS = {"mapped": "mapped to", "warn": "warned, ignored:", "refuse": "**refused**:"}
 

