@@ -14,6 +14,7 @@ import random
 import re
 import string
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -290,14 +291,22 @@ def req(
     payload = render(read_body(body), 1).encode()
     headers = parse_headers(header)
 
-    async def work(conn: Connection) -> Msg:
+    async def work(conn: Connection) -> tuple[Msg, float]:
+        started = time.perf_counter()
         try:
-            return await conn.request(subject, payload, timeout=timeout, headers=headers)
+            msg = await conn.request(subject, payload, timeout=timeout, headers=headers)
         except NoResponders:
             raise Failure(f"no responders on {subject!r}") from None
+        return msg, time.perf_counter() - started
 
-    reply = run(_target(server, user, password, token, context), work)
-    _printer(raw, False, as_json)(reply, 1)
+    reply, rtt = run(_target(server, user, password, token, context), work)
+    if raw or as_json:
+        _printer(raw, False, as_json)(reply, 1)
+        return
+    typer.echo(f"Received with rtt {rtt * 1e3:.1f} ms")
+    for key, value in (reply.headers or {}).items():
+        typer.echo(f"{key}: {value}")
+    typer.echo(("\n" if reply.headers else "") + reply.data.decode("utf-8", "replace"))
 
 
 def reply(
