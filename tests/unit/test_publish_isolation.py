@@ -300,6 +300,38 @@ async def test_commits_that_fail_whole_give_every_sequence_back(
     assert await stored(store, "S") == [(1, b"1"), (2, b"again")]
 
 
+async def test_a_commit_that_fails_whole_leaves_no_hole_below_later_ones(
+    broker: Broker, store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big message does not fit (the disk is nearly full) but the next, smaller one
+    would: it must not be stored above the gap the first one leaves."""
+    s = broker.get_stream("S")
+    sink = Sink()
+    real_commit = store._writer.commit
+
+    def commit(batches: Sequence[list[Op]]) -> None:
+        if any(op[0] == APPEND and op[2].data == b"big" for ops in batches for op in ops):
+            raise StorageError("database or disk is full")
+        real_commit(batches)
+
+    monkeypatch.setattr(store._writer, "commit", commit)
+    with held(store):
+        broker.publish_many(s, "s.a", [b"1"], ["r1"], sink)
+        await asyncio.sleep(0)
+        broker.publish_many(s, "s.a", [b"big"], ["big"], sink)
+        await asyncio.sleep(0)
+        broker.publish_many(s, "s.a", [b"small"], ["small"], sink)
+    await settle(broker)
+    failed = sink.told.pop("big")
+    assert isinstance(failed, ApiError) and (failed.code, failed.err_code) == (503, 10077)
+    assert "disk is full" in failed.description
+    assert sink.told == {"r1": PubAck("S", 1), "small": PubAck("S", 2)}
+    assert await stored(store, "S") == [(1, b"1"), (2, b"small")]
+    broker.publish_many(s, "s.a", [b"next"], ["next"], sink)
+    await settle(broker)
+    assert sink.told["next"] == PubAck("S", 3)
+
+
 # -- the writer: culprits are refused, the rest of their batch is committed ---------------
 
 

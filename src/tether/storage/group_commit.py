@@ -551,20 +551,31 @@ class ThreadCommitter(Generic[C]):
 
     def _without_culprits(self, batch: Batch, exc: Exception) -> Settled:
         """``batch`` failed alone with ``exc``: commit it without the ops to blame, if
-        the committer can name them and the loop takes them back; else it fails."""
+        the committer can name them and the loop takes them back.
+
+        When nothing is to blame alone (a full disk, an I/O error), its appends are
+        handed back all the same: they fail, and the loop takes back the later appends
+        of their streams (which would otherwise be committed above a gap); the rest of
+        the batch is tried once more and fails or commits on its own merits.
+        """
         error = _as_storage_error(exc)
-        find = getattr(self._committer, "find_culprits", None)
-        if find is None or self._on_refused is None:
+        if self._on_refused is None:
             return (batch, error)
+        find = getattr(self._committer, "find_culprits", None)
         for _ in range(_MAX_REFUSALS):
-            try:
-                culprits: list[tuple[int, str]] = find(batch.ops, exc)
-            except Exception:
-                log.exception("looking for the writes to blame failed")
-                return (batch, error)
-            if not culprits:
-                return (batch, error)
-            refused = [(batch.ops[i], why) for i, why in culprits]
+            culprits: list[tuple[int, str]] = []
+            if find is not None:
+                try:
+                    culprits = find(batch.ops, exc)
+                except Exception:
+                    log.exception("looking for the writes to blame failed")
+            if culprits:
+                refused = [(batch.ops[i], why) for i, why in culprits]
+            else:
+                why = str(error.__cause__ if error.__cause__ is not None else error)
+                refused = [(op, why) for op in batch.ops if op[0] == APPEND]
+                if not refused:
+                    return (batch, error)
             if not self._hand_back(batch, refused):
                 return (batch, error)
             try:
