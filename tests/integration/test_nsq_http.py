@@ -413,3 +413,18 @@ def test_oversize_bodies(server: RunningServer) -> None:
     assert (r.status_code, r.json()) == (413, {"message": "BAD_MESSAGE"})
     r = httpx.post(f"{server.http_url}/mpub?topic=big&binary=true", content=b"\0\0")
     assert (r.status_code, r.json()) == (413, {"message": "BAD_BODY"})
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    path=st.sampled_from(["/lookup", "/channels", "/stats", "/topics", "/nodes", "/info"]),
+    query=st.one_of(
+        st.sampled_from(["topic", "topic=", "topic=%zz", "topic=a;b", "format=json&topic=%ff"]),
+        st.text(max_size=40).map(lambda t: str(httpx.QueryParams({"topic": t}))),
+    ),
+)
+def test_hostile_queries_to_the_read_routes(server: RunningServer, path: str, query: str) -> None:
+    r = httpx.get(f"{server.http_url}{path}?{query}")
+    assert r.status_code < 500, (path, query, r.status_code, r.text)
