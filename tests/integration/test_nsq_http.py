@@ -428,3 +428,15 @@ def test_oversize_bodies(server: RunningServer) -> None:
 def test_hostile_queries_to_the_read_routes(server: RunningServer, path: str, query: str) -> None:
     r = httpx.get(f"{server.http_url}{path}?{query}")
     assert r.status_code < 500, (path, query, r.status_code, r.text)
+
+
+def test_writes_need_the_server_s_credentials_when_it_requires_them() -> None:
+    with run_server(store="memory", args=["--auth-token", "s3cret"]) as srv:
+        url = f"{srv.http_url}/pub?topic=guarded"
+        r = httpx.post(url, content=b"x")
+        assert (r.status_code, r.json()) == (401, {"message": "UNAUTHORIZED"})
+        r = httpx.post(url, content=b"x", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = httpx.post(url, content=b"x", headers={"Authorization": "Bearer s3cret"})
+        assert (r.status_code, r.text) == (200, "OK")
+        assert httpx.get(f"{srv.http_url}/ping").text == "OK"  # reads stay open
