@@ -371,7 +371,7 @@ def js_pub(
     async def work(first: Connection) -> tuple[list[Stats], list[Stats]]:
         await _ensure_stream(first, stream, subject, storage)
         if purge:
-            await first.jetstream().api(f"STREAM.PURGE.{stream}")
+            await first.jetstream().api(f"STREAM.PURGE.{stream}", timeout=120)
         conns = [first, *await _connect_all(target, clients - 1)]
         test = "js pub sync" if sync else f"js pub window {window}"
         results = [Stats(test, i + 1, size=size) for i in range(clients)]
