@@ -440,3 +440,21 @@ def test_writes_need_the_server_s_credentials_when_it_requires_them() -> None:
         r = httpx.post(url, content=b"x", headers={"Authorization": "Bearer s3cret"})
         assert (r.status_code, r.text) == (200, "OK")
         assert httpx.get(f"{srv.http_url}/ping").text == "OK"  # reads stay open
+
+
+def test_an_answered_publish_survives_a_kill() -> None:
+    """``OK`` comes after the commit is durable: SIGKILL right after loses nothing."""
+    with run_server() as srv:
+        name = topic()
+        bodies = b"\n".join(b"m%d" % i for i in range(100))
+        r = httpx.post(f"{srv.http_url}/mpub", params={"topic": name}, content=bodies)
+        assert r.status_code == 200
+        r = httpx.post(
+            f"{srv.http_url}/pub", params={"topic": name, "defer": "60000"}, content=b"d"
+        )
+        assert r.status_code == 200
+        srv.kill()
+        srv.start()
+        doc = httpx.get(f"{srv.http_url}/stats", params={"format": "json"}).json()
+        (t,) = [t for t in doc["topics"] if t["topic_name"] == name]
+        assert t["depth"] == 100
