@@ -295,3 +295,15 @@ def test_consumer_dead_letters(source: str, request: pytest.FixtureRequest) -> N
     missing = tether("consumer", "dead", "requeue", "ORDERS", "billing", "9", *server)
     one_line_failure(missing, "no dead letter at sequence 9")
     one_line_failure(tether("consumer", "dead", "ls", "ORDERS", "x", *server), "consumer not found")
+
+
+def test_wrong_credentials_and_a_server_that_is_down(tmp_path: Path) -> None:
+    with run_server(store="memory", args=["--auth-token", "s3cret"]) as srv:
+        assert json.loads(ok("kv", "ls", "--json", "--server", srv.url, "--token", "s3cret")) == []
+        for args in (["kv", "ls"], ["pub", "x", "y"], ["stream", "backup", str(tmp_path / "b")]):
+            done = tether(*args, "--server", srv.url, "--token", "wrong")
+            one_line_failure(done, "cannot connect to")
+            assert "uthorization" in done.stderr
+        assert not (tmp_path / "b").exists()
+    for args in (["sub", "x"], ["object", "ls"], ["bench", "pub", "--msgs", "1"]):
+        one_line_failure(tether(*args, "--server", "nats://127.0.0.1:1"), "cannot connect to")

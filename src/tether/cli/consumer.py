@@ -32,7 +32,7 @@ from tether.client import Connection, JsMsg, Timeout
 
 consumer_app = typer.Typer(
     name="consumer",
-    help="Consumers: ls, add, info, edit, rm, next, pause, resume.",
+    help="Consumers: ls, add, info, edit, rm, next, pause, resume, dead.",
     cls=Group,
     no_args_is_help=True,
     context_settings=CONTEXT,

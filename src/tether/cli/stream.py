@@ -30,7 +30,7 @@ from tether.client import Connection, NotFound
 
 stream_app = typer.Typer(
     name="stream",
-    help="Streams: list, add, info, edit, rm, purge, view, get, subjects.",
+    help="Streams: list, add, info, edit, rm, purge, view, get, subjects, backup, restore.",
     cls=Group,
     no_args_is_help=True,
     context_settings=CONTEXT,
