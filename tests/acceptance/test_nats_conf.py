@@ -233,15 +233,15 @@ def test_security_tether_cannot_enforce_stops_the_start(tmp_path: Path) -> None:
     conf.write_text(
         "port: -1\n"
         "tls {\n  cert_file: server.pem\n  key_file: server-key.pem\n}\n"
-        "authorization {\n  users: [\n    {user: a, password: b}\n    {user: c, password: d}\n  ]\n}\n"
+        "mappings { a: b }\n"
     )
     done = subprocess.run(tether(conf), cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
         f"tether: {conf}:2:1: tls refused: "
         "TLS is not supported yet: clients would connect in plain text",
-        f"{conf}:7:3: authorization.users refused: multi-user authorization is not supported "
-        "yet (2 users; Tether checks one user, or one token)",
+        f"{conf}:6:1: mappings refused: subject mappings are not supported yet: "
+        "messages would not go where the file says",
     ]
 
 

@@ -29,13 +29,13 @@ def test_flags_win_over_the_conf_file(tmp_path: Path) -> None:
 
 def test_a_refused_conf_file_lists_every_refusal(tmp_path: Path) -> None:
     path = tmp_path / "nats.conf"
-    path.write_text("port: 4333\ntls { cert_file: x }\nno_auth_user: a\n")
+    path.write_text("port: 4333\ntls { cert_file: x }\nmappings { a: b }\n")
     with pytest.raises(ValueError) as caught:
         load_config(path, {}, [])
     assert str(caught.value).splitlines() == [
         f"{path}:2:1: tls: missing 'key_file' in TLS configuration",
-        f"{path}:3:1: no_auth_user refused: not supported yet: "
-        "clients without credentials would not become that user",
+        f"{path}:3:1: mappings refused: subject mappings are not supported yet: "
+        "messages would not go where the file says",
     ]
 
 

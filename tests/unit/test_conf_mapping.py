@@ -92,6 +92,51 @@ def test_option_names_match_in_any_case() -> None:
             {"user": "app", "password": "pw"},
         ),
         ("authorization { users: [] }", {}),
+        (
+            "authorization { user: a, password: $2a$11$W2zko751KUvVy59mUTWmpOdWjpEm5qhcCZRd05GjI }",
+            {"user": "a", "password": "$2a$11$W2zko751KUvVy59mUTWmpOdWjpEm5qhcCZRd05GjI"},
+        ),
+        (
+            "authorization {\n  users: [\n    {user: a, password: b}\n    {user: c, password: d}\n  ]\n}",
+            {"users": [{"user": "a", "password": "b"}, {"user": "c", "password": "d"}]},
+        ),
+        (
+            "authorization { users: [ {user: a, password: b, permissions: {publish: x}} ] }",
+            {"users": [{"user": "a", "password": "b", "permissions": {"publish": ["x"]}}]},
+        ),
+        (
+            "authorization { users: [ {nkey: UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4} ] }",
+            {"users": [{"nkey": "UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4"}]},
+        ),
+        (
+            "authorization {\n  token: t\n  permissions: { publish: x }\n}",
+            {"auth_token": "t", "default_permissions": {"publish": ["x"]}},
+        ),
+        (
+            "authorization { users: [ {user: a, password: b, permissions: {\n"
+            "  pub: {allow: [a, b], deny: c}\n"
+            '  subscribe: ["x.*", "y q1"]\n'
+            '  allow_responses: {max: 2, expires: "1m"}\n'
+            "} } ] }",
+            {
+                "users": [
+                    {
+                        "user": "a",
+                        "password": "b",
+                        "permissions": {
+                            "publish": {"allow": ["a", "b"], "deny": ["c"]},
+                            "subscribe": ["x.*", "y q1"],
+                            "allow_responses": {"max": 2, "expires": 60.0},
+                        },
+                    }
+                ]
+            },
+        ),
+        ("no_auth_user: app", {"no_auth_user": "app"}),
+        (
+            'operator: "op.jwt"\nresolver: MEMORY\nresolver_preload: { AABC: "eyJ.x.y" }',
+            {"operator": "op.jwt", "resolver": "MEMORY", "resolver_preload": {"AABC": "eyJ.x.y"}},
+        ),
         ("T: abc\nauthorization { token: $T }", {"auth_token": "abc"}),
     ],
 )
@@ -280,27 +325,6 @@ def test_same_http_and_client_host_is_not_warned_about() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (
-            "authorization {\n  users: [\n    {user: a, password: b}\n    {user: c, password: d}\n  ]\n}",
-            "t.conf:2:3: authorization.users refused: multi-user authorization is not supported yet",
-        ),
-        (
-            "authorization { users: [ {user: a, password: b, permissions: {publish: x}} ] }",
-            "t.conf:1:49: authorization.users[0].permissions refused: permissions are not supported",
-        ),
-        (
-            "authorization { users: [ {nkey: UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4} ] }",
-            "authorization.users[0].nkey refused: nkey authentication is not supported yet",
-        ),
-        (
-            "authorization { user: a, password: $2a$11$W2zko751KUvVy59mUTWmpOdWjpEm5qhcCZRd05GjI }",
-            "t.conf:1:26: authorization.password refused: bcrypt-hashed passwords",
-        ),
-        (
-            "authorization {\n  token: t\n  permissions: { publish: x }\n}",
-            "t.conf:3:3: authorization.permissions refused: permissions are not supported yet",
-        ),
-        ("no_auth_user: app", "t.conf:1:1: no_auth_user refused"),
         ("accounts { A: { users: [ {user: a, password: b} ] } }", "t.conf:1:1: accounts refused"),
         (
             "tls { cert_file: a.pem, key_file: a.key, verify_and_map: true }",
@@ -335,6 +359,19 @@ def test_security_the_file_asks_for_is_never_dropped(text: str, message: str) ->
         ("authorization: token", "authorization: expected a map"),
         ("authorization { user: a, password: b, token: c }", "cannot have a user/pass and a token"),
         ("authorization { token: c, users: [] }", "cannot have a token and a users array"),
+        (
+            "authorization { users: [ {user: a}, {user: a} ] }",
+            'authorization.users[1]: duplicate user "a" detected',
+        ),
+        ("authorization { users: [ {nkey: nope} ] }", "not a valid public nkey for a user"),
+        (
+            "authorization { users: [ {user: a, permissions: {publish: {alow: x}}} ] }",
+            'unknown field name "alow" parsing subject permissions',
+        ),
+        (
+            'resolver: URL("http://localhost:9090/jwt/v1/accounts/")',
+            "resolver refused: only the MEMORY resolver",
+        ),
         ("store_dir: a\njetstream { store_dir: b }", "t.conf:2:13: jetstream.store_dir: duplicate"),
         ("jetstream: maybe", "jetstream: expected 'enabled', 'disabled'"),
         ("lame_duck_duration: 60", 'lame_duck_duration: expected a duration such as "2m"'),

@@ -45,9 +45,6 @@ _USER = "authorization.users"
 _JS = "jetstream"
 _NO_ACCOUNTS = "Tether has one account; there is no system account"
 _NO_ENCRYPTION = "encryption at rest is not supported: the store would be written in the clear"
-_NO_PERMISSIONS = (
-    "permissions are not supported yet: every user could publish and subscribe anywhere"
-)
 _JS_TUNING = "a tuning knob of nats-server's own store"
 
 KEYS: tuple[Key, ...] = (
@@ -98,27 +95,38 @@ KEYS: tuple[Key, ...] = (
     _mapped(
         "",
         "authorization",
-        "`auth_token`, or `user` and `password`, and `auth_timeout` (keys below)",
+        "`auth_token`, `user` and `password`, or `users`; `default_permissions` and "
+        "`auth_timeout` (keys below)",
         r.authorization,
     ),
     _refuse("", "accounts", "accounts are not supported yet: all clients would share one account"),
-    _refuse(
+    _mapped(
         "",
         "no_auth_user",
-        "not supported yet: clients without credentials would not become that user",
+        "`no_auth_user`: a client without credentials is that user",
+        r.setter("no_auth_user", r.text),
     ),
-    _refuse(
+    _mapped(
         "",
         "operator operators root roots root_operator root_operators",
-        "JWT authentication (operator mode) is not supported yet",
+        "`operator`: the operator JWT (a file, or inline); one operator",
+        r.operator,
     ),
-    _refuse("", "trusted trusted_keys", "nkey and JWT authentication are not supported yet"),
-    _refuse(
+    _mapped(
         "",
-        "resolver account_resolver accounts_resolver resolver_tls resolver_preload "
-        "resolver_pinned_accounts",
-        "JWT account resolution is not supported yet",
+        "resolver account_resolver accounts_resolver",
+        "`resolver`: `MEMORY` only (a URL or a resolver map is refused)",
+        r.resolver,
     ),
+    _mapped(
+        "",
+        "resolver_preload",
+        "`resolver_preload`: account public key to account JWT (one account, and the "
+        "operator's system account)",
+        r.resolver_preload,
+    ),
+    _refuse("", "trusted trusted_keys", "trusted keys without an operator JWT are not supported"),
+    _refuse("", "resolver_tls resolver_pinned_accounts", "only the MEMORY resolver is supported"),
     _refuse("", "default_sentinel", "auth callout is not supported yet"),
     _refuse("", "proxies", "trusted proxies are not supported yet"),
     _refuse(
@@ -171,36 +179,34 @@ KEYS: tuple[Key, ...] = (
     _warn("", "prof_port prof_block_rate", "there is no Go profiler"),
     # -- authorization { } -------------------------------------------------------------
     _mapped(_AUTH, "user username", "`user`", r.setter("user", r.text)),
-    _mapped(
-        _AUTH,
-        "password pass",
-        "`password` (a bcrypt hash is refused)",
-        r.secret("password", "passwords"),
-    ),
-    _mapped(
-        _AUTH, "token", "`auth_token` (a bcrypt hash is refused)", r.secret("auth_token", "tokens")
-    ),
+    _mapped(_AUTH, "password pass", "`password` (plain, or a bcrypt hash)", r.secret("password")),
+    _mapped(_AUTH, "token", "`auth_token` (plain, or a bcrypt hash)", r.secret("auth_token")),
     _mapped(_AUTH, "timeout", "`auth_timeout` (seconds or a duration)", r.auth_timeout),
     _mapped(
         _AUTH,
         "users",
-        "`user` and `password` when it holds one user without permissions; "
-        "refused with more than one user",
+        "`users` (`user` and `password` when it holds one user without permissions)",
         r.users,
     ),
-    _refuse(_AUTH, "permissions default_permissions default_permission", _NO_PERMISSIONS),
+    _mapped(
+        _AUTH,
+        "permissions default_permissions default_permission",
+        "`default_permissions` (for users without their own)",
+        r.permissions("default_permissions"),
+    ),
     _refuse(_AUTH, "auth_callout auth_hook", "auth callout is not supported yet"),
     _refuse(_AUTH, "proxy_required", "trusted proxies are not supported yet"),
     # -- authorization { users [ { } ] } -----------------------------------------------
     _mapped(_USER, "user username", "`user`", r.setter("user", r.text)),
+    _mapped(_USER, "password pass", "`password` (plain, or a bcrypt hash)", r.secret("password")),
+    _mapped(_USER, "nkey", "`nkey`: a user public key; the client signs a nonce", r.nkey),
     _mapped(
         _USER,
-        "password pass",
-        "`password` (a bcrypt hash is refused)",
-        r.secret("password", "passwords"),
+        "permissions permission authorization",
+        "`permissions`: `publish`, `subscribe` (a subject, a list, or `allow`/`deny`), "
+        "`allow_responses`",
+        r.permissions("permissions"),
     ),
-    _refuse(_USER, "nkey", "nkey authentication is not supported yet"),
-    _refuse(_USER, "permissions permission authorization", _NO_PERMISSIONS),
     _refuse(
         _USER,
         "allowed_connection_types connection_types clients",

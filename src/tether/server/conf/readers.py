@@ -19,7 +19,6 @@ Status = Literal["mapped", "warn", "refuse"]
 Reader = Callable[["Translation", str, Item], None]
 
 INT32_MAX = 2**31 - 1
-_BCRYPT = re.compile(r"^\$2[abxy]\$\d{2}\$")
 _ENABLED = {"enabled": True, "enable": True, "disabled": False, "disable": False}
 
 
@@ -310,12 +309,9 @@ def sync_interval(out: Translation, key: str, item: Item) -> None:
     )
 
 
-def secret(target: str, what: str) -> Reader:
+def secret(target: str) -> Reader:
     def read(out: Translation, key: str, item: Item) -> None:
-        value = text(key, item, empty=True)
-        if _BCRYPT.match(value):
-            raise ConfError(f"{key} refused: bcrypt-hashed {what} are not supported yet", item.pos)
-        out.values[target] = value
+        out.values[target] = text(key, item, empty=True)  # plain, or a bcrypt hash
 
     return read
 
@@ -347,19 +343,147 @@ def authorization(out: Translation, key: str, item: Item) -> None:
 
 
 def users(out: Translation, key: str, item: Item) -> None:
-    """A users array: one user is Tether's ``user`` and ``password``; more are refused."""
+    """A users array: each entry a user and password (plain or bcrypt) or an nkey, with
+    its permissions. One user with a password alone is Tether's ``user`` and ``password``."""
     entries = item.value
     if not isinstance(entries, list):
         raise ConfError(f"{key}: expected an array of users, got {_describe(entries)}", item.pos)
-    if len(entries) > 1:
-        out.refuse(
-            item,
-            f"{key} refused: multi-user authorization is not supported yet "
-            f"({len(entries)} users; Tether checks one user, or one token)",
-        )
+    found: list[dict[str, Any]] = []
+    names: set[str] = set()
     for n, entry in enumerate(entries):
         where = f"{key}[{n}]"
         fields = _map(where, entry)
         if not {k.lower() for k in fields} & {"user", "username", "nkey"}:
             raise ConfError(f"{where}: a user entry requires a user", entry.pos)
-        out.read("authorization.users", fields, where)
+        outer, out.values = out.values, {}
+        try:
+            out.read("authorization.users", fields, where)
+            user = out.values
+        finally:
+            out.values = outer
+        if "nkey" in user and ({"user", "password"} & set(user)):
+            raise ConfError(f"{where}: nkey users do not take usernames or passwords", entry.pos)
+        name = user.get("user") or user.get("nkey")
+        if name in names:
+            raise ConfError(f'{where}: duplicate user "{name}" detected', entry.pos)
+        names.add(str(name))
+        found.append(user)
+    if len(found) == 1 and set(found[0]) <= {"user", "password"}:
+        out.values.update(found[0])
+    elif found:
+        out.values["users"] = found
+
+
+def nkey(out: Translation, key: str, item: Item) -> None:
+    value = text(key, item)
+    if not (len(value) == 56 and value.startswith("U")):
+        raise ConfError(f"{key}: not a valid public nkey for a user", item.pos)
+    out.values["nkey"] = value
+
+
+_PERMISSION_SIDES = {
+    "publish": "publish",
+    "pub": "publish",
+    "import": "publish",
+    "subscribe": "subscribe",
+    "sub": "subscribe",
+    "export": "subscribe",
+}
+
+
+def _subjects(key: str, item: Item) -> list[str]:
+    value = item.value
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [text(key, entry) for entry in value]
+    raise ConfError(
+        f"{key}: expected a subject, or an array of subjects, got {_describe(value)}", item.pos
+    )
+
+
+def _side(key: str, item: Item) -> Any:
+    value = item.value
+    if not isinstance(value, dict):
+        return _subjects(key, item)
+    rules: dict[str, list[str]] = {}
+    for name, entry in value.items():
+        if name.lower() not in ("allow", "deny"):
+            raise ConfError(
+                f'{key}: unknown field name "{name}" parsing subject permissions, '
+                "only 'allow' or 'deny' are permitted",
+                entry.pos,
+            )
+        rules[name.lower()] = _subjects(f"{key}.{name}", entry)
+    return rules
+
+
+def _responses(key: str, item: Item) -> Any:
+    value = item.value
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, dict):
+        raise ConfError(f"{key}: expected a boolean or a map, got {_describe(value)}", item.pos)
+    rules: dict[str, Any] = {}
+    for name, entry in value.items():
+        lower = name.lower()
+        if lower in ("max", "max_msgs", "max_messages", "max_responses"):
+            rules["max"] = integer(f"{key}.{name}", entry)
+        elif lower in ("expires", "expiration", "ttl"):
+            if not isinstance(entry.value, str):
+                raise ConfError(f"{key}.{name}: expected a duration string", entry.pos)
+            try:
+                rules["expires"] = parse_duration(entry.value)
+            except ValueError as exc:
+                raise ConfError(f"{key}.{name}: {exc}", entry.pos) from None
+        else:
+            raise ConfError(f'{key}: unknown field "{name}" parsing permissions', entry.pos)
+    return rules
+
+
+def permissions_value(key: str, item: Item) -> dict[str, Any]:
+    """nats-server's permissions map as Tether's ``permissions`` setting."""
+    perms: dict[str, Any] = {}
+    for name, entry in _map(key, item).items():
+        lower = name.lower()
+        where = f"{key}.{name}"
+        if lower in _PERMISSION_SIDES:
+            perms[_PERMISSION_SIDES[lower]] = _side(where, entry)
+        elif lower in ("allow_responses", "publish_allow_responses"):
+            perms["allow_responses"] = _responses(where, entry)
+        elif not entry.used:
+            raise ConfError(f'{key}: unknown field "{name}" parsing permissions', entry.pos)
+    return perms
+
+
+def permissions(target: str) -> Reader:
+    def read(out: Translation, key: str, item: Item) -> None:
+        out.values[target] = permissions_value(key, item)
+
+    return read
+
+
+def operator(out: Translation, key: str, item: Item) -> None:
+    """The operator JWT: a file or an inline JWT (an array of one is taken too)."""
+    value = item.value
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise ConfError(f"{key}: Tether trusts one operator, got {len(value)}", item.pos)
+        item = value[0]
+    out.values["operator"] = text(key, item)
+
+
+def resolver(out: Translation, key: str, item: Item) -> None:
+    value = item.value
+    if not (isinstance(value, str) and re.fullmatch(r"(?i)MEM|MEMORY", value)):
+        raise ConfError(
+            f"{key} refused: only the MEMORY resolver (with resolver_preload) is supported",
+            item.pos,
+        )
+    out.values["resolver"] = "MEMORY"
+
+
+def resolver_preload(out: Translation, key: str, item: Item) -> None:
+    out.values["resolver_preload"] = {
+        name: text(f"{key}.{name}", entry) for name, entry in _map(key, item).items()
+    }

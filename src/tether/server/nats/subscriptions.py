@@ -116,3 +116,22 @@ class ClientSubscription:
             client.send_msg(self.sid_b, sb, rb, headers, payload)
         if self.max_msgs and self.delivered >= self.max_msgs:
             client.remove_subscription(self)
+
+
+class GuardedSubscription(ClientSubscription):
+    """A client's SUB that its user's subscribe deny list overlaps (a wildcard, or a
+    queue group): each subject is checked when delivered, as nats-server does."""
+
+    __slots__ = ("denied",)
+
+    def __init__(
+        self, client: Client, subject: str, queue: str, sid: str, denied: Callable[[str, str], bool]
+    ) -> None:
+        super().__init__(client, subject, queue, sid)
+        self.denied = denied
+
+    def deliver(
+        self, subject: str, reply: str, headers: bytes | None, payload: bytes, sb: bytes, rb: bytes
+    ) -> None:
+        if not self.denied(subject, self.queue):
+            super().deliver(subject, reply, headers, payload, sb, rb)
