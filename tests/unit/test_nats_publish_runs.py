@@ -46,6 +46,9 @@ class FakeTransport:
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return ("127.0.0.1", 50000) if name == "peername" else default
 

@@ -171,6 +171,10 @@ def serve(
     max_pending: Annotated[
         int | None, typer.Option(help="Outbound bytes per connection before Slow Consumer.")
     ] = None,
+    max_pending_total: Annotated[
+        int | None,
+        typer.Option(help="Outbound bytes of all connections together (0: no bound)."),
+    ] = None,
     server_name: Annotated[str | None, typer.Option(help="Server name reported in INFO.")] = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info (the default), warning or error.")
@@ -228,6 +232,7 @@ def serve(
         "max_payload": max_payload,
         "max_connections": max_connections,
         "max_pending": max_pending,
+        "max_pending_total": max_pending_total,
         "server_name": server_name,
         "log_level": log_level,
         "webhook_broker_config": str(webhook_broker_config) if webhook_broker_config else None,
@@ -267,12 +272,7 @@ def serve(
     from tether.storage.base import StorageError
 
     try:
-        broker = Tether(cfg)
-    except ValueError as exc:  # settings that cannot work together (authorization)
-        typer.echo(f"tether: {exc}", err=True)
-        raise typer.Exit(2) from None
-    try:
-        runner(broker.run_until_signalled())
+        runner(Tether(cfg).run_until_signalled())
     except (OSError, StorageError) as exc:
         logging.getLogger("tether").error("cannot start: %s", exc)
         raise typer.Exit(1) from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import socket
 import time
@@ -23,22 +24,9 @@ from tether.protocol.nats.commands import (
 from tether.protocol.nats.errors import ProtocolError
 from tether.protocol.nats.parser import Parser
 from tether.server.config import ServerConfig
-from tether.server.nats.auth.keys import new_nonce
-from tether.server.nats.auth.permissions import (
-    Identity,
-    Replies,
-    UserPermissions,
-    publish_violation,
-    subscribe_violation,
-)
-from tether.server.nats.auth.users import Authenticator
 from tether.server.nats.requests import Int, go_text, too_deep
 from tether.server.nats.router import Router
-from tether.server.nats.subscriptions import (
-    BatchHandler,
-    ClientSubscription,
-    GuardedSubscription,
-)
+from tether.server.nats.subscriptions import BatchHandler, ClientSubscription
 
 log = logging.getLogger("tether.nats")
 
@@ -46,7 +34,6 @@ log = logging.getLogger("tether.nats")
 LINGER = 2.0
 
 CRLF = b"\r\n"
-CREDENTIALS_EXPIRED = "User Authentication Expired"
 _SIZE_LINES = [b"%d\r\n" % i for i in range(4096)]
 
 
@@ -102,10 +89,11 @@ class ConnectionHost(Protocol):
 
     config: ServerConfig
     router: Router
-    authenticator: Authenticator
     slow_consumers: int
+    pending_total: int  # what every client's transport holds, as last seen (see _account)
 
     def info_for(self, conn: ClientConnection, *, connect_info: bool = False) -> dict[str, Any]: ...
+    def over_budget(self) -> None: ...
     def admit(self, conn: ClientConnection) -> bool: ...
     def remove(self, conn: ClientConnection) -> None: ...
     def on_interest_change(self, subject: str) -> None: ...
@@ -148,26 +136,14 @@ class ClientConnection(asyncio.Protocol):
         self.out_bytes = 0
         self._out: list[bytes] = []
         self._out_size = 0
+        self._buffered = 0  # what the transport held at the last look (server-wide budget)
         self._flush_handle: asyncio.Handle | None = None
         self._pings_out = 0
         self._got_data = False
         self._first_pong_sent = False
         self._ping_timer: asyncio.TimerHandle | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
-        # Only CONNECT may come first, unless a client without credentials is a user
-        # anyway (no_auth_user), as nats-server has it.
-        self._auth_required = cfg.auth_required and cfg.no_auth_user is None
-        # Who the client is (see on_connect): what it may publish and subscribe to, and
-        # the replies it may send (allow_responses). None: anything.
-        auth = server.authenticator
-        self.nonce = new_nonce() if auth.nonce_required else ""
-        self.user = ""
-        self._perms: UserPermissions | None = None
-        self._pub_perms: UserPermissions | None = None  # when publishing is restricted
-        self._replies: Replies | None = None
-        self._expiry_timer: asyncio.TimerHandle | None = None
-        if auth.no_auth is not None:
-            self._apply_identity(auth.no_auth)
+        self._auth_required = cfg.auth_required
         self._loop = asyncio.get_running_loop()
         self._publish = server.router.publish
         # Header-less PUBs of one read to one subject, handed to the router as a run
@@ -187,8 +163,10 @@ class ClientConnection(asyncio.Protocol):
 
     @property
     def pending_bytes(self) -> int:
-        """Bytes buffered for the client and not yet written (/connz)."""
-        return self._out_size
+        """Bytes buffered for the client and not yet written to its socket (/connz)."""
+        transport = self.transport
+        held = transport.get_write_buffer_size() if transport is not None else 0
+        return self._out_size + held
 
     @property
     def takes_async_info(self) -> bool:
@@ -204,6 +182,9 @@ class ClientConnection(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # pause_writing as soon as anything waits in the transport, resume_writing once
+        # it is all written: the server-wide count of what waits then stays exact.
+        self.transport.set_write_buffer_limits(high=0)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote = (str(peer[0]), int(peer[1]))
@@ -212,7 +193,7 @@ class ClientConnection(asyncio.Protocol):
             self.close_with_error(errors.MAX_CONNECTIONS)
             return
         cfg = self.server.config
-        if cfg.auth_required:
+        if self._auth_required:
             self._auth_timer = self._loop.call_later(cfg.auth_timeout, self._auth_expired)
         if cfg.ping_interval > 0:
             self._ping_timer = self._loop.call_later(cfg.ping_interval, self._ping_tick)
@@ -254,7 +235,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        for timer in (self._ping_timer, self._auth_timer, self._expiry_timer):
+        for timer in (self._ping_timer, self._auth_timer):
             if timer is not None:
                 timer.cancel()
         if self._flush_handle is not None:
@@ -270,13 +251,16 @@ class ClientConnection(asyncio.Protocol):
             for sub in subs:
                 self.server.on_interest_change(sub.subject)
         self._out.clear()
+        self._forget_buffered()
         self.server.remove(self)
 
     def pause_writing(self) -> None:
-        pass  # the outbound bound is enforced in _flush via get_write_buffer_size
+        pass  # the outbound bounds are enforced in _flush via get_write_buffer_size
 
     def resume_writing(self) -> None:
-        pass
+        # Everything the transport held is written: out of the server-wide count.
+        if self._buffered:
+            self._forget_buffered()
 
     # -- output ------------------------------------------------------------------------
     def send_msg(
@@ -306,8 +290,6 @@ class ClientConnection(asyncio.Protocol):
         self.out_msgs += 1
         self.out_bytes += len(payload)
         self._out_size += size
-        if self._replies is not None and rb:
-            self._track_reply(rb.decode("utf-8", "surrogateescape"))
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
         if self._out_size > self.server.config.max_pending:
@@ -354,8 +336,32 @@ class ClientConnection(asyncio.Protocol):
         transport.write(out[0] if len(out) == 1 else b"".join(out))
         out.clear()
         self._out_size = 0
-        if transport.get_write_buffer_size() > self.server.config.max_pending:
+        held = transport.get_write_buffer_size()
+        if held > self.server.config.max_pending:
             self._slow_consumer()
+        elif held != self._buffered:  # a client that keeps up: 0 both times
+            self._account(held)
+
+    def _account(self, held: int) -> None:
+        """Count what this client's transport holds in the server's total; over the
+        server-wide budget, the server cuts off the largest backlogs."""
+        server = self.server
+        server.pending_total += held - self._buffered
+        self._buffered = held
+        limit = server.config.max_pending_total
+        if limit and server.pending_total > limit:
+            server.over_budget()
+
+    def _forget_buffered(self) -> None:
+        self.server.pending_total -= self._buffered
+        self._buffered = 0
+
+    def measure_buffered(self) -> int:
+        """What the transport holds now, recorded as this client's share of the total
+        (the caller puts the total right)."""
+        transport = self.transport
+        self._buffered = transport.get_write_buffer_size() if transport is not None else 0
+        return self._buffered
 
     def flush_now(self) -> None:
         """Hand everything buffered to the transport (used before a shutdown)."""
@@ -363,7 +369,7 @@ class ClientConnection(asyncio.Protocol):
             self._flush_handle.cancel()
         self._flush()
 
-    def _slow_consumer(self) -> None:
+    def _slow_consumer(self, why: str = "") -> None:
         """Cut off a client that does not keep up, as nats-server does: at once, dropping
         what it is owed, without an ``-ERR`` (it would queue behind all the rest); the
         client sees the connection close and may reconnect."""
@@ -371,15 +377,25 @@ class ClientConnection(asyncio.Protocol):
         if self.closing or transport is None:
             return
         log.warning(
-            "client %d is a slow consumer (more than %d bytes pending); closing",
+            "client %d is a slow consumer (%s); closing",
             self.cid,
-            self.server.config.max_pending,
+            why or f"more than {self.server.config.max_pending} bytes pending",
         )
         self.server.slow_consumers += 1
         self.closing = True
         self._out.clear()
         self._out_size = 0
         transport.abort()
+        self._forget_buffered()
+
+    def cut_off(self, why: str) -> None:
+        """Treat this client as a slow consumer now (the server-wide budget is spent)."""
+        if self.closing and self.transport is not None:
+            # Closing already, still draining its last words: those go too.
+            self.transport.abort()
+            self._forget_buffered()
+            return
+        self._slow_consumer(why)
 
     def close_with_error(self, message: str) -> None:
         """Send ``-ERR`` and close; a peer that does not read is cut off after a deadline."""
@@ -433,28 +449,14 @@ class ClientConnection(asyncio.Protocol):
         if not self.connected:
             self.close_with_error(errors.AUTH_TIMEOUT)
 
-    def _credentials_expired(self) -> None:
-        self.close_with_error(CREDENTIALS_EXPIRED)
-
     # -- parser handler: client → server ops -----------------------------------------
     def on_connect(self, options: bytes) -> None:
         if self._run_payloads:
             self._end_run()
         opts = parse_connect(options)
-        if self.server.config.auth_required:
-            identity = self.server.authenticator.authenticate(
-                user=opts.user,
-                password=opts.password,
-                token=opts.auth_token,
-                nkey=opts.nkey,
-                jwt=opts.jwt,
-                sig=opts.sig,
-                nonce=self.nonce,
-            )
-            if identity is None:
-                log.info("client %d: authorization violation", self.cid)
-                raise ProtocolError(errors.AUTH_VIOLATION)
-            self._apply_identity(identity)
+        if self._auth_required and not self._authorized(opts):
+            log.info("client %d: authorization violation", self.cid)
+            raise ProtocolError(errors.AUTH_VIOLATION)
         if opts.account or opts.new_account:
             # nats-server no longer lets a client pick its account.
             raise ProtocolError(errors.AUTH_VIOLATION)
@@ -489,54 +491,22 @@ class ClientConnection(asyncio.Protocol):
         if self.verbose:
             self.write(OK)
 
-    def _apply_identity(self, identity: Identity) -> None:
-        self.user = identity.name
-        perms = identity.permissions
-        self._perms = perms
-        self._pub_perms = perms if perms is not None and perms.restricts_publish else None
-        self._replies = None
-        if perms is not None and perms.responses is not None:
-            self._replies = Replies(*perms.responses)
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
-            self._expiry_timer = None
-        if identity.expires is not None:
-            delay = max(identity.expires - time.time(), 0.0)
-            self._expiry_timer = self._loop.call_later(delay, self._credentials_expired)
-
-    # -- permissions -----------------------------------------------------------------------
-    def _may_publish(self, subject: str) -> bool:
-        """Whether the user may publish to ``subject``; if not, the client is told (the
-        connection stays open) and the message is dropped. Called only with publish
-        permissions in place."""
-        perms = self._pub_perms
-        if perms is None or perms.may_publish(subject):
-            return True
-        if self._replies is not None and self._replies.use(subject):
-            return True
-        if self._run_payloads:
-            self._end_run()  # what came before is delivered before the -ERR
-        log.info("client %d: publish to %r denied", self.cid, subject)
-        self.send_error(publish_violation(subject))
-        return False
-
-    def _track_reply(self, reply: str) -> None:
-        """A request delivered with a reply subject: publishable as a response."""
-        perms = self._pub_perms
-        if self._replies is not None and (perms is None or not perms.may_publish(reply)):
-            self._replies.received(reply)
+    def _authorized(self, opts: ConnectOptions) -> bool:
+        cfg = self.server.config
+        if cfg.auth_token:
+            token = opts.auth_token
+            return token is not None and hmac.compare_digest(
+                token.encode(), cfg.auth_token.encode()
+            )
+        user, password = opts.user, opts.password
+        if user is None or password is None:
+            return False
+        ok_user = hmac.compare_digest(user.encode(), (cfg.user or "").encode())
+        ok_pass = hmac.compare_digest(password.encode(), (cfg.password or "").encode())
+        return ok_user and ok_pass
 
     def on_pub(self, subject: str, reply: str, payload: bytes) -> None:
-        perms = self._pub_perms
         if self._runs:
-            if (
-                perms is not None
-                and perms.pub_cache.get(subject) is not True
-                and not self._may_publish(subject)
-            ):
-                self.in_msgs += 1
-                self.in_bytes += len(payload)
-                return
             # Deferred to the end of the run (the next op of another kind, another
             # subject, or the end of this read), which routes it exactly as here: nothing
             # else happens in between, and every other op ends the run first.
@@ -556,16 +526,13 @@ class ClientConnection(asyncio.Protocol):
             self.send_error(errors.INVALID_PUBLISH_SUBJECT)
         self.in_msgs += 1
         self.in_bytes += len(payload)
-        if perms is not None and not self._may_publish(subject):
-            return
         if self.verbose:
             self.write(OK)
         self._publish(self, subject, reply, None, payload)  # the router checks the subject
 
     def on_pub_run(self, subject: str, replies: list[str], payloads: list[bytes]) -> None:
         """Consecutive PUBs to ``subject`` parsed in one go: ``on_pub`` for each."""
-        perms = self._pub_perms
-        if not self._runs or (perms is not None and perms.pub_cache.get(subject) is not True):
+        if not self._runs:
             for reply, payload in zip(replies, payloads, strict=True):
                 self.on_pub(subject, reply, payload)
             return
@@ -587,10 +554,7 @@ class ClientConnection(asyncio.Protocol):
     def on_pub_batch(self, subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
         """Consecutive PUBs, each to its own subject (acks), parsed in one go: ``on_pub``
         for each."""
-        perms = self._pub_perms
-        if not self._runs or (
-            perms is not None and not all(perms.pub_cache.get(s) is True for s in subjects)
-        ):
+        if not self._runs:
             for subject, reply, payload in zip(subjects, replies, payloads, strict=True):
                 self.on_pub(subject, reply, payload)
             return
@@ -635,8 +599,6 @@ class ClientConnection(asyncio.Protocol):
             self.send_error(errors.INVALID_PUBLISH_SUBJECT)
         self.in_msgs += 1
         self.in_bytes += len(payload) + len(headers)
-        if self._pub_perms is not None and not self._may_publish(subject):
-            return
         if self.verbose:
             self.write(OK)
         if ".." in subject or subject[0] == "." or subject[-1] == ".":
@@ -652,17 +614,8 @@ class ClientConnection(asyncio.Protocol):
         if not is_valid_filter(subject):
             self.send_error(errors.INVALID_SUBJECT)
             return
-        perms = self._perms
-        if perms is not None and not perms.may_subscribe(subject, queue):
-            log.info("client %d: subscription to %r denied", self.cid, subject)
-            self.send_error(subscribe_violation(subject, queue))
-            return
         if sid not in self.subs:
-            sub: ClientSubscription
-            if perms is not None and perms.needs_delivery_check(subject, queue):
-                sub = GuardedSubscription(self, subject, queue, sid, perms.delivery_denied)
-            else:
-                sub = ClientSubscription(self, subject, queue, sid)
+            sub = ClientSubscription(self, subject, queue, sid)
             self.subs[sid] = sub
             self.server.router.index.add(subject, sub, queue or None)
             self.server.on_interest_change(subject)

@@ -15,7 +15,6 @@ from typing import Any
 from tether.protocol.nats.commands import encode_info
 from tether.server.config import ServerConfig
 from tether.server.listen import bare_host, listen_socket
-from tether.server.nats.auth.users import Authenticator
 from tether.server.nats.connection import ClientConnection
 from tether.server.nats.router import Router
 from tether.server.nats.tls import UpgradingConnection, client_tls
@@ -37,7 +36,6 @@ class NatsServer:
     def __init__(self, config: ServerConfig, router: Router | None = None) -> None:
         self.config = config
         self.router = router or Router()
-        self.authenticator = Authenticator(config)  # ValueError: settings that cannot work
         self.tls = client_tls(config)  # ValueError: a certificate or key that does not load
         self.server_id = new_server_id()
         self.server_name = config.server_name or self.server_id
@@ -46,6 +44,9 @@ class NatsServer:
         self.connections: dict[int, ClientConnection] = {}
         self.total_connections = 0
         self.slow_consumers = 0
+        # What the clients' transports hold, summed as each was last seen (connection.py
+        # keeps it; over_budget measures again before cutting anyone off).
+        self.pending_total = 0
         self.started_at = time.time()
         self.port = 0
         self._next_cid = 0
@@ -148,6 +149,32 @@ class NatsServer:
             self.router.out_msgs += conn.out_msgs
             self.router.out_bytes += conn.out_bytes
 
+    def over_budget(self) -> None:
+        """The clients together hold more outbound bytes than ``max_pending_total``.
+
+        Measured again first (a client that drained without writing since may still
+        count), then the largest backlogs are cut off as slow consumers, largest first,
+        until the rest fits: each client is bounded by ``max_pending``, the process by
+        this, and a client that keeps up holds nothing, so it is never the one cut.
+        """
+        limit = self.config.max_pending_total
+        backlogs: list[tuple[int, ClientConnection]] = []
+        total = 0
+        for conn in self.connections.values():
+            held = conn.measure_buffered()
+            if held:
+                backlogs.append((held, conn))
+                total += held
+        self.pending_total = total
+        if total <= limit:
+            return
+        backlogs.sort(key=lambda item: item[0], reverse=True)
+        why = f"the clients hold more than {limit} bytes pending together"
+        for held, conn in backlogs:
+            if self.pending_total <= limit:
+                break
+            conn.cut_off(f"{held} bytes pending; {why}")
+
     def info_for(self, conn: ClientConnection, *, connect_info: bool = False) -> dict[str, Any]:
         """The INFO a client gets, with nats-server's keys in nats-server's order."""
         info: dict[str, Any] = {
@@ -160,7 +187,7 @@ class NatsServer:
             "port": self.port,
             "headers": True,
         }
-        if self.config.auth_required and self.config.no_auth_user is None:
+        if self.config.auth_required:
             info["auth_required"] = True
         if self.tls is not None:
             info["tls_required"] = True
@@ -171,8 +198,6 @@ class NatsServer:
             info["jetstream"] = True
         info["client_id"] = conn.cid
         info["client_ip"] = conn.remote[0]
-        if conn.nonce and not connect_info:
-            info["nonce"] = conn.nonce
         if connect_info:
             # Sent after the first PONG: the connection is established, in the global account.
             info["connect_info"] = True
@@ -202,4 +227,8 @@ class NatsServer:
             + sum(c.out_bytes for c in self.connections.values()),
             "subscriptions": len(self.router.index),
             "slow_consumers": self.slow_consumers,
+            # Outbound bytes not yet written to the clients' sockets, all together, and
+            # their bound (each client's is max_pending; /connz has each one's).
+            "pending_bytes": sum(c.pending_bytes for c in self.connections.values()),
+            "max_pending_total": self.config.max_pending_total,
         }
