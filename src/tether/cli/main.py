@@ -272,7 +272,12 @@ def serve(
     from tether.storage.base import StorageError
 
     try:
-        runner(Tether(cfg).run_until_signalled())
+        broker = Tether(cfg)
+    except ValueError as exc:  # settings that cannot work together (authorization)
+        typer.echo(f"tether: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        runner(broker.run_until_signalled())
     except (OSError, StorageError) as exc:
         logging.getLogger("tether").error("cannot start: %s", exc)
         raise typer.Exit(1) from None

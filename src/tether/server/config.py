@@ -46,6 +46,40 @@ class WebhookSeed(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     consumers: list[SeedConsumer] = msgspec.field(default_factory=list)
 
 
+class SubjectRules(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``allow`` and ``deny`` subjects; deny wins. No ``allow`` list: everything not denied."""
+
+    allow: list[str] | None = None
+    deny: list[str] | None = None
+
+
+class ResponseRules(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``allow_responses``: replies to each request received (``max`` of them, within
+    ``expires`` seconds; 0 or less for no bound) may be published."""
+
+    max: int = 1
+    expires: float = 120.0
+
+
+class Permissions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What a user may publish to and subscribe to, as nats-server's ``permissions``:
+    each side a subject, a list of subjects (allowed) or ``{allow, deny}``. A subscribe
+    subject may name a queue group: ``"foo.* workers"``."""
+
+    publish: str | list[str] | SubjectRules | None = None
+    subscribe: str | list[str] | SubjectRules | None = None
+    allow_responses: bool | ResponseRules = False
+
+
+class UserEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One of ``users``: a name and password (plain, or a bcrypt hash), or an nkey."""
+
+    user: str | None = None
+    password: str | None = None
+    nkey: str | None = None  # a user public key (U...): the client signs the INFO nonce
+    permissions: Permissions | None = None  # None: default_permissions, else anything
+
+
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Every setting of ``tether serve``; each has a TOML key of the same name."""
 
@@ -62,6 +96,15 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     auth_token: str | None = None
     user: str | None = None
     password: str | None = None
+    # -- authorization (docs/configuration.md): users, permissions, nkeys, JWT -----------------
+    users: list[UserEntry] = msgspec.field(default_factory=list)
+    default_permissions: Permissions | None = None  # for users without their own
+    no_auth_user: str | None = None  # a client sending no credentials is this user
+    # Operator mode: the operator JWT (inline, or a file), account JWTs preloaded into
+    # the memory resolver (public key -> JWT), user JWTs (.creds) in CONNECT.
+    operator: str | None = None
+    resolver: str | None = None  # "MEMORY" (the only resolver Tether has)
+    resolver_preload: dict[str, str] = msgspec.field(default_factory=dict)
     # -- TLS (docs/tls.md): nats-server's tls {} block and --tls* flags --------------------
     tls: bool = False  # clients must upgrade to TLS (INFO says tls_required)
     tls_cert: str | None = None  # PEM certificate chain
@@ -149,7 +192,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def auth_required(self) -> bool:
-        return bool(self.auth_token or self.user)
+        return bool(self.auth_token or self.user or self.users or self.operator)
 
 
 def load_config(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import socket
 import time
@@ -24,9 +23,22 @@ from tether.protocol.nats.commands import (
 from tether.protocol.nats.errors import ProtocolError
 from tether.protocol.nats.parser import Parser
 from tether.server.config import ServerConfig
+from tether.server.nats.auth.keys import new_nonce
+from tether.server.nats.auth.permissions import (
+    Identity,
+    Replies,
+    UserPermissions,
+    publish_violation,
+    subscribe_violation,
+)
+from tether.server.nats.auth.users import Authenticator
 from tether.server.nats.requests import Int, go_text, too_deep
 from tether.server.nats.router import Router
-from tether.server.nats.subscriptions import BatchHandler, ClientSubscription
+from tether.server.nats.subscriptions import (
+    BatchHandler,
+    ClientSubscription,
+    GuardedSubscription,
+)
 
 log = logging.getLogger("tether.nats")
 
@@ -34,6 +46,7 @@ log = logging.getLogger("tether.nats")
 LINGER = 2.0
 
 CRLF = b"\r\n"
+CREDENTIALS_EXPIRED = "User Authentication Expired"
 _SIZE_LINES = [b"%d\r\n" % i for i in range(4096)]
 
 
@@ -89,6 +102,7 @@ class ConnectionHost(Protocol):
 
     config: ServerConfig
     router: Router
+    authenticator: Authenticator
     slow_consumers: int
     pending_total: int  # what every client's transport holds, as last seen (see _account)
 
@@ -143,7 +157,20 @@ class ClientConnection(asyncio.Protocol):
         self._first_pong_sent = False
         self._ping_timer: asyncio.TimerHandle | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
-        self._auth_required = cfg.auth_required
+        # Only CONNECT may come first, unless a client without credentials is a user
+        # anyway (no_auth_user), as nats-server has it.
+        self._auth_required = cfg.auth_required and cfg.no_auth_user is None
+        # Who the client is (see on_connect): what it may publish and subscribe to, and
+        # the replies it may send (allow_responses). None: anything.
+        auth = server.authenticator
+        self.nonce = new_nonce() if auth.nonce_required else ""
+        self.user = ""
+        self._perms: UserPermissions | None = None
+        self._pub_perms: UserPermissions | None = None  # when publishing is restricted
+        self._replies: Replies | None = None
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        if auth.no_auth is not None:
+            self._apply_identity(auth.no_auth)
         self._loop = asyncio.get_running_loop()
         self._publish = server.router.publish
         # Header-less PUBs of one read to one subject, handed to the router as a run
@@ -193,7 +220,7 @@ class ClientConnection(asyncio.Protocol):
             self.close_with_error(errors.MAX_CONNECTIONS)
             return
         cfg = self.server.config
-        if self._auth_required:
+        if cfg.auth_required:
             self._auth_timer = self._loop.call_later(cfg.auth_timeout, self._auth_expired)
         if cfg.ping_interval > 0:
             self._ping_timer = self._loop.call_later(cfg.ping_interval, self._ping_tick)
@@ -235,7 +262,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        for timer in (self._ping_timer, self._auth_timer):
+        for timer in (self._ping_timer, self._auth_timer, self._expiry_timer):
             if timer is not None:
                 timer.cancel()
         if self._flush_handle is not None:
@@ -290,6 +317,8 @@ class ClientConnection(asyncio.Protocol):
         self.out_msgs += 1
         self.out_bytes += len(payload)
         self._out_size += size
+        if self._replies is not None and rb:
+            self._track_reply(rb.decode("utf-8", "surrogateescape"))
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
         if self._out_size > self.server.config.max_pending:
@@ -449,14 +478,28 @@ class ClientConnection(asyncio.Protocol):
         if not self.connected:
             self.close_with_error(errors.AUTH_TIMEOUT)
 
+    def _credentials_expired(self) -> None:
+        self.close_with_error(CREDENTIALS_EXPIRED)
+
     # -- parser handler: client → server ops -----------------------------------------
     def on_connect(self, options: bytes) -> None:
         if self._run_payloads:
             self._end_run()
         opts = parse_connect(options)
-        if self._auth_required and not self._authorized(opts):
-            log.info("client %d: authorization violation", self.cid)
-            raise ProtocolError(errors.AUTH_VIOLATION)
+        if self.server.config.auth_required:
+            identity = self.server.authenticator.authenticate(
+                user=opts.user,
+                password=opts.password,
+                token=opts.auth_token,
+                nkey=opts.nkey,
+                jwt=opts.jwt,
+                sig=opts.sig,
+                nonce=self.nonce,
+            )
+            if identity is None:
+                log.info("client %d: authorization violation", self.cid)
+                raise ProtocolError(errors.AUTH_VIOLATION)
+            self._apply_identity(identity)
         if opts.account or opts.new_account:
             # nats-server no longer lets a client pick its account.
             raise ProtocolError(errors.AUTH_VIOLATION)
@@ -491,22 +534,54 @@ class ClientConnection(asyncio.Protocol):
         if self.verbose:
             self.write(OK)
 
-    def _authorized(self, opts: ConnectOptions) -> bool:
-        cfg = self.server.config
-        if cfg.auth_token:
-            token = opts.auth_token
-            return token is not None and hmac.compare_digest(
-                token.encode(), cfg.auth_token.encode()
-            )
-        user, password = opts.user, opts.password
-        if user is None or password is None:
-            return False
-        ok_user = hmac.compare_digest(user.encode(), (cfg.user or "").encode())
-        ok_pass = hmac.compare_digest(password.encode(), (cfg.password or "").encode())
-        return ok_user and ok_pass
+    def _apply_identity(self, identity: Identity) -> None:
+        self.user = identity.name
+        perms = identity.permissions
+        self._perms = perms
+        self._pub_perms = perms if perms is not None and perms.restricts_publish else None
+        self._replies = None
+        if perms is not None and perms.responses is not None:
+            self._replies = Replies(*perms.responses)
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        if identity.expires is not None:
+            delay = max(identity.expires - time.time(), 0.0)
+            self._expiry_timer = self._loop.call_later(delay, self._credentials_expired)
+
+    # -- permissions -----------------------------------------------------------------------
+    def _may_publish(self, subject: str) -> bool:
+        """Whether the user may publish to ``subject``; if not, the client is told (the
+        connection stays open) and the message is dropped. Called only with publish
+        permissions in place."""
+        perms = self._pub_perms
+        if perms is None or perms.may_publish(subject):
+            return True
+        if self._replies is not None and self._replies.use(subject):
+            return True
+        if self._run_payloads:
+            self._end_run()  # what came before is delivered before the -ERR
+        log.info("client %d: publish to %r denied", self.cid, subject)
+        self.send_error(publish_violation(subject))
+        return False
+
+    def _track_reply(self, reply: str) -> None:
+        """A request delivered with a reply subject: publishable as a response."""
+        perms = self._pub_perms
+        if self._replies is not None and (perms is None or not perms.may_publish(reply)):
+            self._replies.received(reply)
 
     def on_pub(self, subject: str, reply: str, payload: bytes) -> None:
+        perms = self._pub_perms
         if self._runs:
+            if (
+                perms is not None
+                and perms.pub_cache.get(subject) is not True
+                and not self._may_publish(subject)
+            ):
+                self.in_msgs += 1
+                self.in_bytes += len(payload)
+                return
             # Deferred to the end of the run (the next op of another kind, another
             # subject, or the end of this read), which routes it exactly as here: nothing
             # else happens in between, and every other op ends the run first.
@@ -526,13 +601,16 @@ class ClientConnection(asyncio.Protocol):
             self.send_error(errors.INVALID_PUBLISH_SUBJECT)
         self.in_msgs += 1
         self.in_bytes += len(payload)
+        if perms is not None and not self._may_publish(subject):
+            return
         if self.verbose:
             self.write(OK)
         self._publish(self, subject, reply, None, payload)  # the router checks the subject
 
     def on_pub_run(self, subject: str, replies: list[str], payloads: list[bytes]) -> None:
         """Consecutive PUBs to ``subject`` parsed in one go: ``on_pub`` for each."""
-        if not self._runs:
+        perms = self._pub_perms
+        if not self._runs or (perms is not None and perms.pub_cache.get(subject) is not True):
             for reply, payload in zip(replies, payloads, strict=True):
                 self.on_pub(subject, reply, payload)
             return
@@ -554,7 +632,10 @@ class ClientConnection(asyncio.Protocol):
     def on_pub_batch(self, subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
         """Consecutive PUBs, each to its own subject (acks), parsed in one go: ``on_pub``
         for each."""
-        if not self._runs:
+        perms = self._pub_perms
+        if not self._runs or (
+            perms is not None and not all(perms.pub_cache.get(s) is True for s in subjects)
+        ):
             for subject, reply, payload in zip(subjects, replies, payloads, strict=True):
                 self.on_pub(subject, reply, payload)
             return
@@ -599,6 +680,8 @@ class ClientConnection(asyncio.Protocol):
             self.send_error(errors.INVALID_PUBLISH_SUBJECT)
         self.in_msgs += 1
         self.in_bytes += len(payload) + len(headers)
+        if self._pub_perms is not None and not self._may_publish(subject):
+            return
         if self.verbose:
             self.write(OK)
         if ".." in subject or subject[0] == "." or subject[-1] == ".":
@@ -614,8 +697,17 @@ class ClientConnection(asyncio.Protocol):
         if not is_valid_filter(subject):
             self.send_error(errors.INVALID_SUBJECT)
             return
+        perms = self._perms
+        if perms is not None and not perms.may_subscribe(subject, queue):
+            log.info("client %d: subscription to %r denied", self.cid, subject)
+            self.send_error(subscribe_violation(subject, queue))
+            return
         if sid not in self.subs:
-            sub = ClientSubscription(self, subject, queue, sid)
+            sub: ClientSubscription
+            if perms is not None and perms.needs_delivery_check(subject, queue):
+                sub = GuardedSubscription(self, subject, queue, sid, perms.delivery_denied)
+            else:
+                sub = ClientSubscription(self, subject, queue, sid)
             self.subs[sid] = sub
             self.server.router.index.add(subject, sub, queue or None)
             self.server.on_interest_change(subject)

@@ -15,6 +15,7 @@ from typing import Any
 from tether.protocol.nats.commands import encode_info
 from tether.server.config import ServerConfig
 from tether.server.listen import bare_host, listen_socket
+from tether.server.nats.auth.users import Authenticator
 from tether.server.nats.connection import ClientConnection
 from tether.server.nats.router import Router
 from tether.server.nats.tls import UpgradingConnection, client_tls
@@ -36,6 +37,7 @@ class NatsServer:
     def __init__(self, config: ServerConfig, router: Router | None = None) -> None:
         self.config = config
         self.router = router or Router()
+        self.authenticator = Authenticator(config)  # ValueError: settings that cannot work
         self.tls = client_tls(config)  # ValueError: a certificate or key that does not load
         self.server_id = new_server_id()
         self.server_name = config.server_name or self.server_id
@@ -187,7 +189,7 @@ class NatsServer:
             "port": self.port,
             "headers": True,
         }
-        if self.config.auth_required:
+        if self.config.auth_required and self.config.no_auth_user is None:
             info["auth_required"] = True
         if self.tls is not None:
             info["tls_required"] = True
@@ -198,6 +200,8 @@ class NatsServer:
             info["jetstream"] = True
         info["client_id"] = conn.cid
         info["client_ip"] = conn.remote[0]
+        if conn.nonce and not connect_info:
+            info["nonce"] = conn.nonce
         if connect_info:
             # Sent after the first PONG: the connection is established, in the global account.
             info["connect_info"] = True
