@@ -209,7 +209,8 @@ def test_object_store(cli: Cli, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["kv", "status", "NOPE"], "stream not found"),
+        (["kv", "status", "NOPE"], "no bucket named 'NOPE'"),
+        (["object", "ls", "NOPE"], "no object store named 'NOPE'"),
         (["object", "put", "NOPE", "/no/such/file"], "cannot read"),
         (["sub", "x", "--stream", "NOPE", "--durable", "d"], "stream not found"),
         (["pub", "x", "y", "-H", "no-colon"], "is not KEY:VALUE"),

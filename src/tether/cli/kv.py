@@ -12,9 +12,9 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -47,12 +47,27 @@ kv_app = typer.Typer(
 BucketArg = Annotated[str, typer.Argument(help="Bucket name.")]
 KeyArg = Annotated[str, typer.Argument(help="Key.")]
 OPERATION = "KV-Operation"
+T = TypeVar("T")
 
 
 def target(
     server: str | None, user: str | None, password: str | None, token: str | None, ctx: str | None
 ) -> Target:
     return Target(server, user, password, token, ctx)
+
+
+def run_in(kind: str, bucket: str, tgt: Target, work: Callable[[Connection], Awaitable[T]]) -> T:
+    """``run``, with a missing stream told as a missing bucket (or object store)."""
+
+    async def guarded(conn: Connection) -> T:
+        try:
+            return await work(conn)
+        except (Failure, NotFound) as exc:
+            if "stream not found" in str(exc).lower():
+                raise Failure(f"no {kind} named {bucket!r}") from None
+            raise
+
+    return run(tgt, guarded)
 
 
 @dataclass
@@ -211,7 +226,9 @@ def add(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.CREATE.{_stream(bucket)}", config)
 
-    view = _status_view(run(target(server, user, password, token, context), work))
+    view = _status_view(
+        run_in("bucket", bucket, target(server, user, password, token, context), work)
+    )
     emit_json(view) if as_json else _show_status(view)
 
 
@@ -262,7 +279,7 @@ def ls(
             ],
         )
         return
-    names = run(tgt, keys)
+    names = run_in("bucket", bucket, tgt, keys)
     if as_json:
         emit_json(names)
         return
@@ -300,7 +317,7 @@ def put(
     async def work(conn: Connection) -> int:
         return await _put(conn, bucket, key, data, {})
 
-    revision = run(target(server, user, password, token, context), work)
+    revision = run_in("bucket", bucket, target(server, user, password, token, context), work)
     if as_json:
         emit_json({"bucket": bucket, "key": key, "revision": revision})
     else:
@@ -331,7 +348,7 @@ def get(
             raise Failure(f"{bucket}: no key {key!r}")
         return found
 
-    entry = run(target(server, user, password, token, context), work)
+    entry = run_in("bucket", bucket, target(server, user, password, token, context), work)
     if as_json:
         emit_json(_entry_view(bucket, entry))
     elif raw:
@@ -358,7 +375,7 @@ def _marker(operation: str) -> Callable[..., None]:
         async def work(conn: Connection) -> int:
             return await _put(conn, bucket, key, b"", hdrs)
 
-        run(target(server, user, password, token, context), work)
+        run_in("bucket", bucket, target(server, user, password, token, context), work)
         typer.echo(f"{key} {'purged' if purge else 'deleted'}")
 
     command.__doc__ = (
@@ -395,7 +412,7 @@ def history(
             out.append(_entry_view(bucket, found))
             seq = found.seq + 1
 
-    views = run(target(server, user, password, token, context), work)
+    views = run_in("bucket", bucket, target(server, user, password, token, context), work)
     if as_json:
         emit_json(views)
         return
@@ -448,7 +465,7 @@ def watch(
             entry = Stored(msg.subject, 0, "", hdrs, msg.data)
             show({**_entry_view(bucket, entry), "revision": None, "created": None})
 
-    run(target(server, user, password, token, context), work)
+    run_in("bucket", bucket, target(server, user, password, token, context), work)
 
 
 @kv_app.command("status", cls=Command)
@@ -466,7 +483,9 @@ def status(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.INFO.{_stream(bucket)}")
 
-    view = _status_view(run(target(server, user, password, token, context), work))
+    view = _status_view(
+        run_in("bucket", bucket, target(server, user, password, token, context), work)
+    )
     emit_json(view) if as_json else _show_status(view)
 
 
@@ -487,5 +506,5 @@ def rm(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.DELETE.{_stream(bucket)}")
 
-    run(target(server, user, password, token, context), work)
+    run_in("bucket", bucket, target(server, user, password, token, context), work)
     typer.echo(f"Bucket {bucket} deleted")

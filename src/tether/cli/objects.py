@@ -27,7 +27,7 @@ from rich.progress import (
 )
 
 from tether.cli._typer import CONTEXT, MARKUP, Command, Group
-from tether.cli.kv import all_streams, message_get, subjects_of, target
+from tether.cli.kv import all_streams, message_get, run_in, subjects_of, target
 from tether.cli.output import console, count, emit_json, pairs, size, table
 from tether.cli.remote import (
     ContextOpt,
@@ -133,7 +133,7 @@ def add(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.CREATE.{_stream(bucket)}", config)
 
-    run(target(server, user, password, token, context), work)
+    run_in("object store", bucket, target(server, user, password, token, context), work)
     typer.echo(f"Object store {bucket} created")
 
 
@@ -187,7 +187,7 @@ def ls(
             [(v["bucket"], size(v["bytes"]), v["storage"]) for v in views],
         )
         return
-    metas = run(tgt, objects)
+    metas = run_in("object store", bucket, tgt, objects)
     if as_json:
         emit_json(metas)
         return
@@ -273,7 +273,7 @@ def put(
             )
         return meta
 
-    meta = run(target(server, user, password, token, context), work)
+    meta = run_in("object store", bucket, target(server, user, password, token, context), work)
     if as_json:
         emit_json(meta)
     else:
@@ -327,7 +327,7 @@ def get(
             raise Failure(f"{bucket} > {name}: digest mismatch, the object is damaged")
         return got
 
-    got = run(target(server, user, password, token, context), work)
+    got = run_in("object store", bucket, target(server, user, password, token, context), work)
     if output:
         typer.echo(f"Wrote {size(got)} to {output}", err=True)
 
@@ -348,7 +348,7 @@ def info(
     async def work(conn: Connection) -> dict[str, Any]:
         return await _meta(conn, bucket, name)
 
-    meta = run(target(server, user, password, token, context), work)
+    meta = run_in("object store", bucket, target(server, user, password, token, context), work)
     emit_json(meta) if as_json else _show_meta(meta)
 
 
@@ -381,5 +381,5 @@ def rm(
             conn, f"STREAM.PURGE.{_stream(bucket)}", {"filter": f"$O.{bucket}.C.{meta['nuid']}"}
         )
 
-    run(target(server, user, password, token, context), work)
+    run_in("object store", bucket, target(server, user, password, token, context), work)
     typer.echo(f"Deleted {what}")
