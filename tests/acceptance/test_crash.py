@@ -18,7 +18,9 @@ import contextlib
 import json
 import os
 import random
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -26,6 +28,10 @@ import pytest
 from nats.aio.client import Client
 
 from tether.testing import RunningServer
+
+# Imported with --import-mode=importlib: the crash tests' shared helpers are a sibling module.
+sys.path.insert(0, str(Path(__file__).parent))
+from crash_support import payload_for, read_stream
 
 pytestmark = pytest.mark.slow
 
@@ -151,40 +157,6 @@ class RawPublisher:
         return outcome
 
 
-async def read_stream(nc: Client) -> dict[int, tuple[str, bytes, str]]:
-    """Every message of the stream: seq -> (subject, payload, msg id), via batched DIRECT.GET."""
-    out: dict[int, tuple[str, bytes, str]] = {}
-    start = 1
-    while True:
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
-        request = json.dumps({"seq": start, "batch": 1000}).encode()
-        await nc.publish(f"$JS.API.DIRECT.GET.{STREAM}", request, reply=inbox)
-        pending = -1
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=5)
-                headers = msg.headers or {}
-                status = headers.get("Status")
-                if status == "404":
-                    return out
-                if status == "204":
-                    pending = int(headers["Nats-Num-Pending"])
-                    start = int(headers["Nats-Last-Sequence"]) + 1
-                    break
-                seq = int(headers["Nats-Sequence"])
-                assert seq not in out
-                out[seq] = (headers["Nats-Subject"], msg.data, headers["Nats-Msg-Id"])
-        finally:
-            await sub.unsubscribe()
-        if pending == 0:
-            return out
-
-
-def payload_for(key: str, rng: random.Random) -> bytes:
-    return key.encode() + b":" + rng.randbytes(rng.randint(8, 300)).hex().encode()
-
-
 @dataclass
 class Ledger:
     """Everything the publisher was told, across rounds."""
@@ -205,7 +177,7 @@ async def verify(nc: Client, ledger: Ledger) -> int:
     """The durability promises; returns the stream's last sequence."""
     info = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{STREAM}", b"", timeout=5)).data)
     state = info["state"]
-    stored = await read_stream(nc)
+    stored = await read_stream(nc, STREAM)
     last = state["last_seq"]
     assert state["messages"] == len(stored)
     # Commits are atomic and in order, and nothing was deleted: no gaps.
