@@ -15,11 +15,14 @@ import re
 import string
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tether.cli._typer import CONTEXT, Command
 from tether.cli.remote import (
@@ -139,21 +142,24 @@ def pub(
         js = conn.jetstream()
         nuid = Nuid()
         acks: list[dict[str, Any]] = []
-        for i in range(1, count + 1):
-            payload = render(text, i, nuid).encode()
-            if jetstream:
-                try:
-                    ack = await js.publish(subject, payload, headers=headers)
-                except NoResponders:
-                    raise Failure(f"no stream captures {subject!r}") from None
-                acks.append({"stream": ack.stream, "seq": ack.seq, "duplicate": ack.duplicate})
-                if not as_json:
-                    dup = " (duplicate)" if ack.duplicate else ""
-                    typer.echo(f"Stored in {ack.stream} at sequence {ack.seq}{dup}")
-            else:
-                await conn.publish(subject, payload, reply=reply_to or "", headers=headers)
-            if sleep and i < count:
-                await asyncio.sleep(sleep)
+        with _bar(count if count >= 1000 and not jetstream else 0) as advance:
+            for i in range(1, count + 1):
+                payload = render(text, i, nuid).encode()
+                if jetstream:
+                    try:
+                        ack = await js.publish(subject, payload, headers=headers)
+                    except NoResponders:
+                        raise Failure(f"no stream captures {subject!r}") from None
+                    acks.append({"stream": ack.stream, "seq": ack.seq, "duplicate": ack.duplicate})
+                    if not as_json:
+                        dup = " (duplicate)" if ack.duplicate else ""
+                        typer.echo(f"Stored in {ack.stream} at sequence {ack.seq}{dup}")
+                else:
+                    await conn.publish(subject, payload, reply=reply_to or "", headers=headers)
+                if not i & 255:
+                    advance(i)
+                if sleep and i < count:
+                    await asyncio.sleep(sleep)
         await conn.flush()
         return acks
 
@@ -162,6 +168,24 @@ def pub(
         sys.stdout.write(json.dumps(acks if jetstream else {"published": count}) + "\n")
     elif not jetstream:
         typer.echo(f"Published {count} message{'s' if count != 1 else ''} to {subject}", err=True)
+
+
+@contextmanager
+def _bar(total: int) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr for a long publish (none in a pipe or for a short one)."""
+    err = Console(stderr=True)
+    progress = Progress(
+        TextColumn("publishing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not (total and err.is_terminal),
+    )
+    task = progress.add_task("publishing", total=total)
+    with progress:
+        yield lambda done: progress.update(task, completed=done)
 
 
 def _view(msg: Msg | JsMsg, n: int) -> dict[str, Any]:
