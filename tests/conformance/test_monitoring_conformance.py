@@ -40,7 +40,13 @@ BAD = [
 ]
 # Keys Tether has and nats-server does not (docs/compatibility.md says why).
 EXTRAS = {
-    "/varz": {"pid", "tether_version", "jetstream.config.sync_always"},
+    "/varz": {
+        "pid",
+        "tether_version",
+        "jetstream.config.sync_always",
+        "pending_bytes",
+        "max_pending_total",
+    },
     "/jsz": {"config.sync_always"},
     "/jsz?consumers=1&config=1": {"config.sync_always"},
 }
