@@ -150,7 +150,10 @@ def test_key_value(cli: Cli) -> None:
     watcher = cli.background("kv", "watch", "CFG", "--count", "1", "--json")
     cli("kv", "put", "CFG", "color", "green")
     seen = [json.loads(line) for line in finish(watcher).splitlines()]
-    assert [(s["key"], s["value"]) for s in seen] == [("color", "blue"), ("color", "green")]
+    assert [(s["key"], s["value"], s["revision"]) for s in seen] == [
+        ("color", "blue", 2),
+        ("color", "green", 5),
+    ]
     cli("kv", "purge", "CFG", "color")
     purged = cli.json("kv", "history", "CFG", "color")
     assert [(h["operation"], h["value"]) for h in purged] == [("PURGE", "")]  # type: ignore[union-attr,index]

@@ -463,7 +463,15 @@ def watch(
             seen += 1
             hdrs = msg.headers or {}
             entry = Stored(msg.subject, 0, "", hdrs, msg.data)
-            show({**_entry_view(bucket, entry), "revision": None, "created": None})
+            # The update came as a plain message; its revision is the stored one, unless
+            # a newer value was stored meanwhile (then it is left unknown).
+            stored = await message_get(conn, _stream(bucket), {"last_by_subj": msg.subject})
+            if stored is not None and stored.data == msg.data:
+                entry = stored
+            view = _entry_view(bucket, entry)
+            if not entry.seq:
+                view.update(revision=None, created=None)
+            show(view)
 
     run_in("bucket", bucket, target(server, user, password, token, context), work)
 
