@@ -14,11 +14,12 @@ from typing import Any
 
 from tether.protocol.nats.commands import encode_info
 from tether.server.config import ServerConfig
-from tether.server.listen import bare_host, listen_socket
+from tether.server.listen import bare_host, listen_socket, show
 from tether.server.nats.auth.users import Authenticator
 from tether.server.nats.connection import ClientConnection
 from tether.server.nats.router import Router
-from tether.server.nats.tls import UpgradingConnection, client_tls
+from tether.server.nats.tls import UpgradingConnection, client_tls, websocket_tls
+from tether.server.nats.websocket import WebSocketClient, WebSocketProtocol, WebSocketSettings
 from tether.version import NATS_COMPAT_VERSION, __version__
 
 log = logging.getLogger("tether.nats")
@@ -39,6 +40,9 @@ class NatsServer:
         self.router = router or Router()
         self.authenticator = Authenticator(config)  # ValueError: settings that cannot work
         self.tls = client_tls(config)  # ValueError: a certificate or key that does not load
+        self.ws_tls = websocket_tls(config)
+        self.ws_port = 0
+        self._ws_listener: asyncio.Server | None = None
         self.server_id = new_server_id()
         self.server_name = config.server_name or self.server_id
         self.host = bare_host(config.host)
@@ -78,11 +82,39 @@ class NatsServer:
             sock.close()
             raise
         self.port = int(sock.getsockname()[1])
+        if self.config.ws_port:
+            await self._start_websocket(loop)
+
+    async def _start_websocket(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The WebSocket listener: the same clients, framed (websocket.py)."""
+        settings = WebSocketSettings(self.config, self.ws_tls is not None)
+        port = self.config.ws_port if self.config.ws_port > 0 else 0
+        sock = listen_socket(self.host, port)
+        try:
+            self._ws_listener = await loop.create_server(
+                lambda: WebSocketProtocol(settings, self._new_ws_client),
+                sock=sock,
+                ssl=self.ws_tls,
+            )
+        except BaseException:
+            sock.close()
+            raise
+        self.ws_port = int(sock.getsockname()[1])
+        scheme = "wss" if self.ws_tls is not None else "ws"
+        log.info(
+            "Listening for websocket clients on %s://%s", scheme, show(self.host, self.ws_port)
+        )
+
+    def _new_ws_client(self) -> ClientConnection:
+        self._next_cid += 1
+        return WebSocketClient(self, self._next_cid)
 
     def stop_accepting(self) -> None:
         """Close the listener; connected clients stay (lame duck mode)."""
         if self._listener is not None:
             self._listener.close()
+        if self._ws_listener is not None:
+            self._ws_listener.close()
 
     def announce_lame_duck(self) -> None:
         """Tell every client that takes async INFOs that this server is going away: its
@@ -127,6 +159,10 @@ class NatsServer:
         if self._listener is not None:
             await self._listener.wait_closed()
             self._listener = None
+        if self._ws_listener is not None:
+            self._ws_listener.close()
+            await self._ws_listener.wait_closed()
+            self._ws_listener = None
 
     def _new_connection(self) -> ClientConnection:
         self._next_cid += 1
@@ -191,7 +227,12 @@ class NatsServer:
         }
         if self.config.auth_required and self.config.no_auth_user is None:
             info["auth_required"] = True
-        if self.tls is not None:
+        if isinstance(conn, WebSocketClient):
+            # The WebSocket listener's address and TLS, as nats-server says them.
+            info["port"] = self.ws_port
+            if self.ws_tls is not None:
+                info["tls_required"] = True
+        elif self.tls is not None:
             info["tls_required"] = True
             if self.config.tls_verify:
                 info["tls_verify"] = True
