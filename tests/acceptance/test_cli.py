@@ -23,6 +23,8 @@ class Serve:
     """``python -m tether serve ARGS`` with its stderr collected line by line."""
 
     def __init__(self, args: list[str], cwd: Path) -> None:
+        if not any(a.startswith("--nsq-port") for a in args):
+            args = [*args, "--nsq-port", "-1"]  # never nsqd's 4150, which may be taken
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tether", "serve", *args],
             cwd=cwd,
