@@ -13,6 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 import trustme
+from cryptography import x509
 
 from tether.testing import RawClient, find_nats_server, run_nats_server, run_server
 
@@ -46,7 +47,7 @@ def certs(ca: trustme.CA, tmp_path: Path) -> dict[str, str]:
     return {name: str(path) for name, path in files.items()}
 
 
-def _conf(tmp_path: Path, certs: dict[str, str], extra: str = "") -> str:
+def _conf(tmp_path: Path, certs: dict[str, str], extra: str = "", tail: str = "") -> str:
     path = tmp_path / "tls.conf"
     path.write_text(
         "tls {\n"
@@ -55,6 +56,7 @@ def _conf(tmp_path: Path, certs: dict[str, str], extra: str = "") -> str:
         "  timeout: 2\n"
         f"{extra}"
         "}\n"
+        f"{tail}"
     )
     return str(path)
 
@@ -161,3 +163,48 @@ async def test_tls_client_on_plain_port(kind: str, ca: trustme.CA) -> None:
         nc = await nats.connect(f"nats://127.0.0.1:{port}")
         assert await _round_trip(nc) == b"secret"
         await nc.close()
+
+
+def _dn(pem: str) -> str:
+    """The certificate's subject as RFC 2253 writes it (the last RDN first)."""
+    return x509.load_pem_x509_certificate(Path(pem).read_bytes()).subject.rfc4514_string()
+
+
+async def test_tls_verify_and_map(
+    kind: str, ca: trustme.CA, certs: dict[str, str], tmp_path: Path
+) -> None:
+    """The certificate names the user: by its e-mail address, or by its subject DN; a
+    certificate naming nobody in ``users`` is an Authorization Violation."""
+    by_dn = ca.issue_cert("dn-only.example", common_name="alice")
+    nobody = ca.issue_cert("nobody@example.com")
+    pems = {}
+    for name, cert in (("by_dn", by_dn), ("nobody", nobody)):
+        pems[name] = str(tmp_path / f"{name}.pem")
+        cert.private_key_and_cert_chain_pem.write_to_path(pems[name])
+    dn = _dn(pems["by_dn"])
+    assert dn.startswith("CN=alice,")
+    extra = f'  ca_file: "{certs["ca"]}"\n  verify_and_map: true\n'
+    users = (
+        "authorization {\n  users: [\n"
+        '    {user: "client@example.com", permissions: {publish: "tls.>", subscribe: "tls.>"}}\n'
+        f'    {{user: "{dn}"}}\n'
+        "  ]\n}\n"
+    )
+    with _serve(kind, _conf(tmp_path, certs, extra, users)) as port:
+        raw = await RawClient.connect("127.0.0.1", port)
+        assert raw.info["tls_verify"] is True and raw.info["auth_required"] is True
+        await raw.close()
+        nc = await nats.connect(f"tls://localhost:{port}", tls=_client_ctx(ca, certs["client"]))
+        assert await _round_trip(nc) == b"secret"  # permitted: tls.>
+        await nc.close()
+        nc = await nats.connect(f"tls://localhost:{port}", tls=_client_ctx(ca, pems["by_dn"]))
+        assert await _round_trip(nc) == b"secret"
+        await nc.close()
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(
+                f"tls://localhost:{port}",
+                tls=_client_ctx(ca, pems["nobody"]),
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                connect_timeout=2,
+            )

@@ -327,8 +327,8 @@ def test_same_http_and_client_host_is_not_warned_about() -> None:
     [
         ("accounts { A: { users: [ {user: a, password: b} ] } }", "t.conf:1:1: accounts refused"),
         (
-            "tls { cert_file: a.pem, key_file: a.key, verify_and_map: true }",
-            "t.conf:1:42: tls.verify_and_map refused: a certificate cannot name a user",
+            "tls { cert_file: a.pem, key_file: a.key, pinned_certs: [abc] }",
+            "t.conf:1:42: tls.pinned_certs refused: pinned client certificates",
         ),
         ("jetstream { key: s3cret }", "t.conf:1:13: jetstream.key refused: encryption at rest"),
         ("mappings { a: b }", "t.conf:1:1: mappings refused: subject mappings"),

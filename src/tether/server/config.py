@@ -111,7 +111,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tls_key: str | None = None  # PEM private key
     tls_ca: str | None = None  # CAs that sign client certificates (verify)
     tls_verify: bool = False  # require and verify a client certificate
-    tls_verify_and_map: bool = False  # ... and its subject names the user (refused for now)
+    tls_verify_and_map: bool = False  # ... and the certificate names the user (no password)
     tls_timeout: float = 2.0  # seconds the handshake may take
     tls_handshake_first: bool = False  # TLS from the first byte; INFO inside TLS
     http_tls: bool = False  # the HTTP port serves HTTPS with tls_cert and tls_key
@@ -318,11 +318,6 @@ def _check_tls(cfg: ServerConfig, source: Callable[[str], str]) -> None:
             raise ValueError("TLS Server certificate must be present and valid")
         if not cfg.tls_key:
             raise ValueError("TLS Server private key must be present and valid")
-    if cfg.tls_verify_and_map:
-        raise ValueError(
-            "tls verify_and_map is not supported yet: certificates cannot name users; "
-            "use verify (a client certificate is required) with the usual credentials"
-        )
     if not -1 <= cfg.ws_port <= 65535:
         raise ValueError(f"{source('ws_port')}: not a port: expected {PORT_RANGE}")
     if cfg.ws_port:

@@ -20,7 +20,7 @@ WS_TLS = "websocket.tls"
 BLOCK_TITLES = {TLS: "`tls { }`", WS: "`websocket { }`", WS_TLS: "`websocket { tls { } }`"}
 
 _CIPHERS = "Python's ssl defaults are used (TLS 1.2 or later, OpenSSL's ciphers and curves)"
-_NO_MAP = "a certificate cannot name a user yet (verify alone is supported)"
+_NO_MAP = "the known URLs of a certificate are not checked"
 
 
 def tls(out: Translation, key: str, item: Item) -> None:
@@ -190,7 +190,13 @@ KEYS: tuple[Key, ...] = (
     _mapped(
         TLS, "verify", "`tls_verify`: clients need a certificate", r.setter("tls_verify", r.boolean)
     ),
-    _refuse(TLS, "verify_and_map", _NO_MAP),
+    _mapped(
+        TLS,
+        "verify_and_map",
+        "`tls_verify_and_map`: verify, and the certificate names the user (its e-mail, DNS "
+        "or URI names, else its subject DN) from `users`, with no password",
+        r.setter("tls_verify_and_map", r.boolean),
+    ),
     _mapped(TLS, "timeout", "`tls_timeout` (seconds or a duration)", tls_timeout),
     _mapped(
         TLS,

@@ -23,6 +23,7 @@ from tether.protocol.nats.commands import (
 from tether.protocol.nats.errors import ProtocolError
 from tether.protocol.nats.parser import Parser
 from tether.server.config import ServerConfig
+from tether.server.nats.auth.certificates import peer_names
 from tether.server.nats.auth.keys import new_nonce
 from tether.server.nats.auth.permissions import (
     Identity,
@@ -486,7 +487,15 @@ class ClientConnection(asyncio.Protocol):
         if self._run_payloads:
             self._end_run()
         opts = parse_connect(options)
-        if self.server.config.auth_required:
+        # verify_and_map: a verified client certificate names the user (auth/certificates.py).
+        names = peer_names(self.transport) if self.server.config.tls_verify_and_map else []
+        if self.server.config.auth_required and names:
+            identity = self.server.authenticator.certificate_user(names)
+            if identity is None:
+                log.info("client %d: no user for its certificate (%s)", self.cid, names[0])
+                raise ProtocolError(errors.AUTH_VIOLATION)
+            self._apply_identity(identity)
+        elif self.server.config.auth_required:
             identity = self.server.authenticator.authenticate(
                 user=opts.user,
                 password=opts.password,

@@ -234,7 +234,7 @@ class NatsServer:
                 info["tls_required"] = True
         elif self.tls is not None:
             info["tls_required"] = True
-            if self.config.tls_verify:
+            if self.config.tls_verify or self.config.tls_verify_and_map:
                 info["tls_verify"] = True
         info["max_payload"] = self.config.max_payload
         if self.jetstream:

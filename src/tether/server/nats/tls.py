@@ -47,7 +47,8 @@ def client_tls(cfg: ServerConfig) -> ssl.SSLContext | None:
     """The context of the client port, or ``None`` without TLS."""
     if not cfg.tls or not cfg.tls_cert or not cfg.tls_key:
         return None
-    return server_context(cfg.tls_cert, cfg.tls_key, ca=cfg.tls_ca, verify=cfg.tls_verify)
+    verify = cfg.tls_verify or cfg.tls_verify_and_map
+    return server_context(cfg.tls_cert, cfg.tls_key, ca=cfg.tls_ca, verify=verify)
 
 
 def websocket_tls(cfg: ServerConfig) -> ssl.SSLContext | None:

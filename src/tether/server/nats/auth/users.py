@@ -20,6 +20,7 @@ import bcrypt
 
 from tether.server.config import Permissions, ServerConfig
 from tether.server.nats.auth import keys
+from tether.server.nats.auth.certificates import same_name
 from tether.server.nats.auth.jwt import Trust
 from tether.server.nats.auth.permissions import Identity, UserPermissions
 
@@ -128,6 +129,15 @@ class Authenticator:
             return Identity("") if self._secret_ok("", self.token, token) else None
         if user is None and nkey is None and jwt is None and token is None:
             return self.no_auth
+        return None
+
+    def certificate_user(self, names: list[str]) -> Identity | None:
+        """TLS verify_and_map: the user the client certificate names (its names most
+        preferred first, see certificates.py), with no password; ``None`` if none."""
+        for name in names:
+            for candidate in self.users:
+                if same_name(candidate.name, name):
+                    return Identity(candidate.name, candidate.permissions)
         return None
 
     def _nkey_user(self, nkey: str, sig: str | None, nonce: str) -> Identity | None:
