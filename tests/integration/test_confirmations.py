@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 
+from tether.engine.jobs.registry import REGISTRY_STREAM
+from tether.engine.jobs.view import SavedJobs
 from tether.server.app import Tether
 from tether.server.config import ServerConfig
 from tether.storage.base import StorageError
@@ -199,6 +202,36 @@ async def test_http_job_changes_are_answered_once_committed(
     r = await not_before_release(app, http.post(f"{JOBS}/jobs", json=bulk, headers=AUTH))
     assert r.status_code == 200
     assert [x["Status"] for x in r.json()["Results"]] == [202, 202]
+
+
+def stored_timeouts(app: Tether) -> dict[int, int]:
+    """The IncrementalTimeouts the store holds for the jobs of ``w`` (read from disk)."""
+    path = sqlite_store(app).path
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        row = conn.execute(
+            "SELECT state FROM consumers WHERE stream = ? AND name = ?",
+            (REGISTRY_STREAM, "k/tasks/w"),
+        ).fetchone()
+    finally:
+        conn.close()
+    extras = msgspec.msgpack.decode(row[0], type=SavedJobs).extras
+    return {extras[i]: extras[i + 1] for i in range(0, len(extras), 3) if extras[i + 1]}
+
+
+async def test_a_sticky_timeout_is_stored_before_its_2xx(
+    app: Tether, nc: Client, http: httpx.AsyncClient
+) -> None:
+    await http_jobs(http, nc, 2)
+    r = await http.post(f"{JOBS}/claim", json={"Max": 1, "IncrementalTimeout": 77}, headers=AUTH)
+    [job] = r.json()["Result"]
+    seq = int(job["ID"].split("-")[1])
+    assert stored_timeouts(app) == {seq: 77}  # no later commit needed: it is on disk
+    r = await http.post(
+        f"{JOBS}/job/{job['ID']}/touch", json={"IncrementalTimeout": 99}, headers=AUTH
+    )
+    assert r.status_code == 200
+    assert stored_timeouts(app) == {seq: 99}
 
 
 async def test_an_http_job_change_that_cannot_be_stored_is_a_503(

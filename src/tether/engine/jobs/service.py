@@ -51,6 +51,9 @@ from tether.storage.base import StorageError
 
 log = logging.getLogger("tether.webhook")
 
+# How long a change of when jobs last changed (and nothing else) may wait to be saved.
+STAMPS_DELAY = 0.2
+
 STREAM_PREFIX = "WB_"
 SUBJECT_PREFIX = "wb."
 _GENERATED_ID = re.compile(r"s([0-9]{1,19})")
@@ -110,7 +113,9 @@ class WebhookService:
         self._reserved: set[tuple[str, str]] = set()
         self._dirty: set[tuple[str, str]] = set()
         self._flush_timer: Timer | None = None
+        self._flush_soon = False
         self._flush_waiters: list[asyncio.Future[StorageError | None]] = []
+        self._saved_revision: dict[tuple[str, str], int] = {}
         self._sched_timer: Timer | None = None
         self._index_tasks: set[asyncio.Task[None]] = set()
         # Set by the server: a consumer has ready jobs / a consumer was added or changed.
@@ -198,11 +203,27 @@ class WebhookService:
 
     # -- job extras persistence (one write per consumer per loop tick) -------------------------
     def _mark_dirty(self, key: tuple[str, str]) -> None:
+        """A job of ``key`` changed: its extras are saved in the next tick when a change
+        a restart must not lose was made (see :attr:`JobView.revision`), else within
+        :data:`STAMPS_DELAY` (only when jobs last changed is new: with thousands of
+        DELIVERED stamps kept, saving them at every tick would cost more than the
+        changes themselves)."""
         self._dirty.add(key)
-        if self._flush_timer is None:
-            self._flush_timer = self.clock.call_later(0.0, self._flush)
+        view = self.views.get(key)
+        if view is not None and view.revision != self._saved_revision.get(key):
+            if self._flush_timer is not None and not self._flush_soon:
+                self._flush_timer.cancel()
+                self._flush_timer = None
+            if self._flush_timer is None:
+                self._flush_timer = self.clock.call_later(0.0, self._flush)
+                self._flush_soon = True
+        elif self._flush_timer is None:
+            self._flush_timer = self.clock.call_later(STAMPS_DELAY, self._flush)
+            self._flush_soon = False
 
     def _flush(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()  # when called directly (stop, tests)
         self._flush_timer = None
         dirty, self._dirty = self._dirty, set()
         for key in dirty:
@@ -210,15 +231,18 @@ class WebhookService:
             view = self.views.get(key)
             if consumer is not None and view is not None:
                 self.registry.put_consumer_state(consumer, view.encode())
+                self._saved_revision[key] = view.revision
         waiters, self._flush_waiters = self._flush_waiters, []
         if waiters:
             # This tick's commit: it holds every state written above.
             self.broker.store.flush().add_done_callback(lambda fut: _tell(fut, waiters))
 
     async def committed(self, k: Consumer) -> StorageError | None:
-        """Wait until the jobs of ``k`` are stored as they are now (the durable
-        consumer's state and the job extras, each in the commit of this tick or the
-        next); returns why not if a commit fails (None when all is stored).
+        """Wait until the jobs of ``k`` are stored as they are now: the durable
+        consumer's state (each job's status) and the extras a restart must not lose
+        (sticky timeouts, backoffs, dead jobs deleted), each in the commit of this tick
+        or the next; when jobs last changed follows within :data:`STAMPS_DELAY`.
+        Returns why not if a commit fails (None when all is stored).
 
         Every request waiting in the same tick shares those commits.
         """
@@ -229,7 +253,12 @@ class WebhookService:
             engine: asyncio.Future[StorageError | None] = loop.create_future()
             self.consumers.after_save(view.consumer, lambda error: _resolve(engine, error))
             waits.append(engine)
-        if (k.channel, k.id) in self._dirty:
+        key = (k.channel, k.id)
+        if (
+            key in self._dirty
+            and view is not None
+            and view.revision != self._saved_revision.get(key)
+        ):
             extras: asyncio.Future[StorageError | None] = loop.create_future()
             self._flush_waiters.append(extras)
             waits.append(extras)

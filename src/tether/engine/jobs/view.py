@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 
 import msgspec
 
@@ -155,6 +156,14 @@ class JobView:
         self.backing_off: set[int] = set()
         self.dropped: set[int] = set()  # dead jobs deleted for good
         self.on_change: Callable[[], None] | None = None
+        # Jobs :meth:`encode` found DELIVERED (acked: for good), for the consumer it
+        # found them in, so that each save does not ask the consumer again.
+        self._delivered: set[int] = set()
+        self._delivered_of: EngineConsumer | None = None
+        # Bumped when a change a restart must not lose is made to the extras (a sticky
+        # timeout, a push retry's backoff, a dead job deleted for good), as opposed to
+        # when a job last changed, which may be saved a little later.
+        self.revision = 0
 
     @property
     def closed(self) -> bool:
@@ -289,9 +298,12 @@ class JobView:
         out = []
         for meta in c.claim(limit):
             seq = meta.seq
-            self.backing_off.discard(seq)
+            if seq in self.backing_off:
+                self.backing_off.discard(seq)
+                self.revision += 1
             if timeout:
                 self.timeouts[seq] = timeout
+                self.revision += 1
             if self.timeouts.get(seq):
                 c.extend(seq, self._deadline(seq))
             self._changed(seq)
@@ -314,11 +326,13 @@ class JobView:
         if next_state == INFLIGHT and current in (QUEUED, DEAD):
             if timeout:
                 self.timeouts[seq] = timeout
+                self.revision += 1
             deadline = self._deadline(seq)
             if current == DEAD:
                 c.retry_dead(seq, deadline)
             elif seq in self.backing_off:
                 self.backing_off.discard(seq)
+                self.revision += 1
                 c.extend(seq, deadline)
             else:
                 c.take(seq, deadline)
@@ -341,6 +355,7 @@ class JobView:
             raise JobError(NOT_IN_FLIGHT)
         if timeout is not None:
             self.timeouts[seq] = timeout
+            self.revision += 1
         deadline = self._deadline(seq)
         self.consumer.extend(seq, deadline)
         self._changed(seq)
@@ -368,6 +383,7 @@ class JobView:
         delay = self.settings.retry_delay(attempts)
         if delay > 0:
             self.backing_off.add(seq)
+            self.revision += 1
         c.nak(seq, delay)
         self._changed(seq)
         return False
@@ -406,6 +422,7 @@ class JobView:
         return len(flying)
 
     def _forget(self, seq: int) -> None:
+        self.revision += 1
         self.timeouts.pop(seq, None)
         self.changed.pop(seq, None)
         self.backing_off.discard(seq)
@@ -418,23 +435,37 @@ class JobView:
         c = self.consumer
         state = c.state
         meta = c.stream.meta
+        known = self._delivered
+        if self._delivered_of is not c:  # a new consumer (its stream was created again)
+            known.clear()
+            self._delivered_of = c
         delivered: list[int] = []
-        for seq in [s for s in self.changed if s not in state.pending and s not in state.dead]:
+        pending, dead, timeouts = state.pending, state.dead, self.timeouts
+        for seq in [s for s in self.changed if s not in pending and s not in dead]:
             if meta(seq) is None:
                 self.timeouts.pop(seq, None)
                 self.changed.pop(seq, None)
+                known.discard(seq)
+            elif seq in known:
+                if timeouts:
+                    timeouts.pop(seq, None)
+                delivered.append(seq)
             elif not c.is_available(seq):
                 self.timeouts.pop(seq, None)
                 delivered.append(seq)
+                known.add(seq)
         # When a DELIVERED job changed is kept for the most recent deliveries only (in
         # the order they were recorded): the extras are written with every save.
         for seq in delivered[: max(0, len(delivered) - KEEP_DELIVERED_STAMPS)]:
             self.changed.pop(seq, None)
+            known.discard(seq)
         self.backing_off = {s for s in self.backing_off if s in state.pending}
         self.dropped = {s for s in self.dropped if meta(s) is not None}
-        extras: list[int] = []
-        for seq, changed in self.changed.items():
-            extras.extend((seq, self.timeouts.get(seq, 0), changed))
+        # (seq, timeout, changed) triples, flattened without a Python step per job.
+        seqs = self.changed.keys()
+        sticky = map(self.timeouts.get, seqs, repeat(0))
+        stamps = zip(seqs, sticky, self.changed.values(), strict=True)
+        extras = list(chain.from_iterable(stamps))
         return _encoder.encode(SavedJobs(extras, sorted(self.backing_off), sorted(self.dropped)))
 
     def load(self, raw: bytes) -> None:
