@@ -234,6 +234,23 @@ async def test_a_sticky_timeout_is_stored_before_its_2xx(
     assert stored_timeouts(app) == {seq: 99}
 
 
+async def test_what_could_not_be_stored_is_stored_once_it_can(
+    app: Tether, nc: Client, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await http_jobs(http, nc, 2)
+    with failing(app, monkeypatch):
+        r = await http.post(
+            f"{JOBS}/claim", json={"Max": 1, "IncrementalTimeout": 55}, headers=AUTH
+        )
+        assert r.status_code == 503
+    # Nobody asks again: the job extras and the consumer's state are saved all the same.
+    for _ in range(40):
+        await asyncio.sleep(0.1)
+        if stored_timeouts(app):
+            break
+    assert list(stored_timeouts(app).values()) == [55]
+
+
 async def test_an_http_job_change_that_cannot_be_stored_is_a_503(
     app: Tether, nc: Client, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -31,6 +31,7 @@ from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import Clock, Timer
 from tether.engine.consumers import Consumer as EngineConsumer
 from tether.engine.consumers import ConsumerRegistry
+from tether.engine.consumers.registry import SAVE_RETRY_SECONDS
 from tether.engine.jobs.messages import (
     MessageView,
     encode_headers,
@@ -116,6 +117,7 @@ class WebhookService:
         self._flush_soon = False
         self._flush_waiters: list[asyncio.Future[StorageError | None]] = []
         self._saved_revision: dict[tuple[str, str], int] = {}
+        self._stopped = False
         self._sched_timer: Timer | None = None
         self._index_tasks: set[asyncio.Task[None]] = set()
         # Set by the server: a consumer has ready jobs / a consumer was added or changed.
@@ -138,6 +140,7 @@ class WebhookService:
         self._arm_scheduler()
 
     def stop(self) -> None:
+        self._stopped = True
         if self in self.broker.listeners:
             self.broker.listeners.remove(self)
         self._flush()
@@ -226,16 +229,36 @@ class WebhookService:
             self._flush_timer.cancel()  # when called directly (stop, tests)
         self._flush_timer = None
         dirty, self._dirty = self._dirty, set()
+        written: list[tuple[str, str]] = []
         for key in dirty:
             consumer = self.registry.consumers.get(key)
             view = self.views.get(key)
             if consumer is not None and view is not None:
                 self.registry.put_consumer_state(consumer, view.encode())
                 self._saved_revision[key] = view.revision
+                written.append(key)
         waiters, self._flush_waiters = self._flush_waiters, []
-        if waiters:
+        if written or waiters:
             # This tick's commit: it holds every state written above.
-            self.broker.store.flush().add_done_callback(lambda fut: _tell(fut, waiters))
+            self.broker.store.flush().add_done_callback(
+                lambda fut: self._flushed(fut, written, waiters)
+            )
+
+    def _flushed(
+        self,
+        fut: asyncio.Future[None],
+        written: list[tuple[str, str]],
+        waiters: list[asyncio.Future[StorageError | None]],
+    ) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            # Not stored (a full disk): write them again in a while, whole.
+            for key in written:
+                self._dirty.add(key)
+                self._saved_revision.pop(key, None)
+            if self._flush_timer is None and written and not self._stopped:
+                self._flush_timer = self.clock.call_later(SAVE_RETRY_SECONDS, self._flush)
+                self._flush_soon = False
+        _tell(fut, waiters)
 
     async def committed(self, k: Consumer) -> StorageError | None:
         """Wait until the jobs of ``k`` are stored as they are now: the durable
