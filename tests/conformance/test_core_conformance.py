@@ -70,16 +70,14 @@ _FLAGS = {
 
 
 def _args(kind: str, options: tuple[tuple[str, Any], ...], workdir: Path) -> list[str]:
-    """Server options in each peer's own spelling: credentials as flags, limits in a
-    configuration file (nats-server has no flags for most of them)."""
+    """Server options: credentials as each peer's flags, limits in one nats-server
+    configuration file that both read (nats-server has no flags for most of them)."""
     flags = _FLAGS[kind]
     out: list[str] = []
     settings: list[str] = []
     for key, value in options:
         if key in flags:
             out += [flags[key], str(value)]
-        elif kind == "tether":
-            settings.append(f"{key} = {json.dumps(value)}")
         else:
             name = {"max_pings_out": "ping_max"}.get(key, key)
             text = f'"{int(value * 1000)}ms"' if key == "ping_interval" else json.dumps(value)
