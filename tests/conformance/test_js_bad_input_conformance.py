@@ -217,6 +217,15 @@ async def test_deep_json_is_invalid_json(peers: Peers, subject: bytes, deep: byt
     assert await peers.same(b"$JS.API." + subject, deep) == "error 400/10025"
 
 
+def _stream(**config: Any) -> bytes:
+    return json.dumps({"name": "Q", "subjects": ["q.>"], **config}).encode()
+
+
+def _consumer(**config: Any) -> bytes:
+    body = {"stream_name": "S", "config": {"ack_policy": "explicit", **config}}
+    return json.dumps(body, ensure_ascii=False).encode()
+
+
 BODY_CASES = [
     ("pause until a number", b"CONSUMER.PAUSE.S.C", b'{"pause_until":12}', "error 400/10025"),
     ("pause null", b"CONSUMER.PAUSE.S.C", b"null", "consumer_pause_response"),
@@ -230,6 +239,26 @@ BODY_CASES = [
     ("direct get with null", b"DIRECT.GET.D", b"null", "408 Empty Request"),
     ("direct get with a key not UTF-8", b"DIRECT.GET.D", b'{"\xff":1}', "408 Empty Request"),
     ("direct get past uint64", b"DIRECT.GET.D", b'{"seq":1e400}', "408 Malformed Request"),
+    ("stream config past int64", b"STREAM.CREATE.Q", _stream(max_msgs=10**20), "error 400/10025"),
+    (
+        "consumer ack_wait past int64",
+        b"CONSUMER.CREATE.S.K1",
+        _consumer(ack_wait=10**20),
+        "error 400/10025",
+    ),
+    (
+        "consumer start past int64",
+        b"CONSUMER.CREATE.S.K2",
+        _consumer(deliver_policy="by_start_sequence", opt_start_seq=10**20),
+        "error 400/10025",
+    ),
+    ("sample frequency ²", b"CONSUMER.CREATE.S.K3", _consumer(sample_freq="²"), "error 400/10095"),
+    (
+        "start time with a digit that is not ASCII",
+        b"CONSUMER.CREATE.S.K4",
+        _consumer(deliver_policy="by_start_time", opt_start_time="2024-01-01T00:00:00.٣Z"),
+        "error 400/10025",
+    ),
 ]
 
 

@@ -289,6 +289,13 @@ FIELDS = [
     "action",
     "metadata",
     "block_bytes",
+    "sample_freq",
+    "opt_start_time",
+    "opt_start_seq",
+    "deliver_policy",
+    "max_msgs",
+    "max_age",
+    "first_seq",
 ]
 
 # The request kinds Tether serves, with the name tokens they take ({s} stream, {c} consumer).

@@ -12,6 +12,7 @@ from tether.engine.errors import ApiError
 from tether.protocol.nats.errors import ProtocolError
 from tether.server.nats import requests
 from tether.server.nats.connection import parse_connect
+from tether.server.nats.jetstream import parse_rfc3339
 from tether.server.nats.requests import (
     BodyError,
     ConsumersRequest,
@@ -159,3 +160,25 @@ def test_connect_options_as_go_decodes_them() -> None:
         with pytest.raises(ProtocolError) as exc:
             parse_connect(bad)
         assert exc.value.silent  # closed without an -ERR, as nats-server does
+
+
+def test_config_bodies_with_numbers_past_int64() -> None:
+    for body in (
+        b'{"config":{"ack_wait":99999999999999999999}}',
+        b'{"backoff":[1,-9223372036854775809]}',
+        b'{"max_msgs":9223372036854775808}',
+    ):
+        with pytest.raises(ApiError) as exc:
+            requests.checked_body(body)
+        assert exc.value.err_code == 10025
+    fits = b'{"max_msgs":9223372036854775807,"max_age":-9223372036854775808}'
+    assert requests.checked_body(fits) == fits
+    assert requests.checked_body(b"{bad") == b"{bad"  # the engine's decoder reports it
+
+
+def test_times_are_read_strictly() -> None:
+    assert parse_rfc3339("2024-01-02T03:04:05.5+01:00") == 1704161045500000000
+    assert parse_rfc3339("0000-01-01T00:00:00Z") == 0
+    for text in ("2024-01-01T00:00:00.٣Z", "٢٠٢٤-01-01T00:00:00Z", "2024-W01-1", "2024-01-01"):
+        with pytest.raises(ValueError):
+            parse_rfc3339(text)

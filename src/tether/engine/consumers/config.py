@@ -20,6 +20,7 @@ from tether.engine import errors
 from tether.engine.errors import ApiError
 from tether.engine.streams.config import StreamConfig, is_valid_name
 from tether.engine.subjects import is_literal, is_subset, is_valid_filter, is_valid_subject
+from tether.protocol.numbers import parse_uint
 
 NS = 1_000_000_000
 DEFAULT_ACK_WAIT = 30 * NS
@@ -192,8 +193,10 @@ def wq_not_deliver_all() -> ApiError:
 
 # -- time helpers --------------------------------------------------------------------------------
 
+# ASCII digits only (``\d`` would take "٣" too), matched in full.
 _RFC3339 = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|z|[+-]\d{2}:\d{2})$"
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?"
+    r"(Z|z|[+-][0-9]{2}:[0-9]{2})"
 )
 
 
@@ -208,10 +211,12 @@ def format_rfc3339(ns: int) -> str:
 
 def parse_rfc3339(text: str) -> int:
     """RFC 3339 (nanosecond precision) → ns since the epoch; ``ValueError`` if malformed."""
-    m = _RFC3339.match(text.strip())
+    m = _RFC3339.fullmatch(text.strip())
     if m is None:
         raise ValueError(f"invalid time {text!r}")
     date, clock, frac, zone = m.groups()
+    if date.startswith("0000"):
+        return 0  # before Go's zero time (year 1), which reads as "not set"
     tz = "+00:00" if zone in ("Z", "z") else zone
     base = datetime.fromisoformat(f"{date}T{clock}{tz}")
     if base.year <= 1:
@@ -292,7 +297,7 @@ def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
     _validate_start(config)
     if config.sample_freq:
         freq = config.sample_freq.removesuffix("%")
-        if not freq.isdigit():
+        if parse_uint(freq) is None:  # strconv.Atoi: ASCII digits that fit an int
             raise _e(
                 400,
                 10095,

@@ -21,6 +21,7 @@ import msgspec
 from tether.engine import errors
 from tether.engine.broker import Broker
 from tether.engine.consumers import ConsumerRegistry
+from tether.engine.consumers.config import parse_rfc3339 as parse_time
 from tether.engine.jobs.view import owned_by_http
 from tether.engine.streams import Stream
 from tether.engine.subjects import filters_overlap
@@ -97,25 +98,12 @@ def rfc3339(ns: int) -> str:
 
 
 def parse_rfc3339(text: str) -> int:
-    """An RFC 3339 timestamp (up to nanoseconds) as ns since the epoch; ValueError if bad."""
-    head, dot, rest = text.partition(".")
-    frac = 0
-    zone = ""
-    if dot:
-        digits = ""
-        for i, ch in enumerate(rest):
-            if not ch.isdigit():
-                zone = rest[i:]
-                break
-            digits += ch
-        if not digits or len(digits) > 9:
-            raise ValueError(text)
-        frac = int(digits.ljust(9, "0"))
-        text = head + zone
-    parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    if parsed.tzinfo is None:
-        raise ValueError(text)
-    return int(parsed.timestamp()) * 1_000_000_000 + frac
+    """An RFC 3339 timestamp (up to nanoseconds) as ns since the epoch; ValueError if bad.
+
+    The engine's one strict parser (ASCII digits, the whole text), so a time a request
+    carries reads the same as one in a consumer's configuration.
+    """
+    return parse_time(text)
 
 
 class NoReply(Exception):

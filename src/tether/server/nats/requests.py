@@ -180,12 +180,39 @@ def require_empty(payload: bytes) -> None:
 
 def checked_body(payload: bytes) -> bytes:
     """A body for the engine's config decoders: 10025 unless :func:`checked_json`
-    passes it; a ``null`` body (which Go decodes as nothing) is an empty object."""
+    passes it or if it holds a number no Go integer field holds; a ``null`` body
+    (which Go decodes as nothing) is an empty object."""
     try:
         body = checked_json(payload)
     except BodyError as exc:
         raise errors.invalid_json(str(exc)) from None
-    return b"{}" if body == b"null" else body
+    if body == b"null":
+        return b"{}"
+    if body:
+        try:
+            doc = _decode_any(body)
+        except msgspec.DecodeError:
+            return body  # the engine's decoder says what is wrong with it
+        big = _past_int64(doc)
+        if big is not None:
+            raise errors.invalid_json(f"json: cannot unmarshal number {big} into an int64")
+    return body
+
+
+def _past_int64(doc: Any) -> int | None:
+    """The first integer in ``doc`` outside int64, if any (every integer field of a
+    stream or consumer configuration is an int64 or a sequence the store keeps as one)."""
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int):
+            if not INT64_MIN <= item <= INT64_MAX:
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
 
 
 # -- the bodies --------------------------------------------------------------------------------
