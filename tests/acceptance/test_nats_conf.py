@@ -230,11 +230,7 @@ def test_both_servers_refuse_a_malformed_file(tmp_path: Path, kind: str) -> None
 
 def test_security_tether_cannot_enforce_stops_the_start(tmp_path: Path) -> None:
     conf = tmp_path / "secure.conf"
-    conf.write_text(
-        "port: -1\n"
-        "proxies {\n  trusted: [\"UAAA\"]\n}\n"
-        "mappings { a: b }\n"
-    )
+    conf.write_text('port: -1\nproxies {\n  trusted: ["UAAA"]\n}\nmappings { a: b }\n')
     done = subprocess.run(tether(conf), cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     lines = done.stderr.splitlines()
