@@ -30,6 +30,7 @@ import platform
 import selectors
 import shlex
 import socket
+import ssl
 import statistics
 import sys
 import time
@@ -487,9 +488,13 @@ def connect_frame(name: str, *, headers: bool = True) -> bytes:
     return b"CONNECT " + json.dumps(opts, separators=(",", ":")).encode() + b"\r\n"
 
 
-def raw_connect(port: int, connect: bytes, stall: float) -> tuple[socket.socket, bytes]:
+def raw_connect(
+    port: int, connect: bytes, stall: float, tls: ssl.SSLContext | None = None
+) -> tuple[socket.socket, bytes]:
     """A blocking TCP_NODELAY socket to ``127.0.0.1:port`` (``stall`` s timeout) that has
-    read INFO and sent ``connect``; returns it and the bytes read after INFO."""
+    read INFO and sent ``connect``; returns it and the bytes read after INFO. With
+    ``tls``, the socket upgrades after INFO (as INFO's ``tls_required`` asks) and
+    ``connect`` goes inside TLS."""
     sock = socket.create_connection((HOST, port), timeout=stall)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -504,6 +509,8 @@ def raw_connect(port: int, connect: bytes, stall: float) -> tuple[socket.socket,
             buf += chunk
         if not buf.startswith(b"INFO "):
             raise BenchError(f"expected INFO, got {buf[:80]!r}")
+        if tls is not None:
+            sock = tls.wrap_socket(sock, server_hostname="localhost")
         sock.sendall(connect)
     except BaseException:
         sock.close()

@@ -267,6 +267,8 @@ def start_tether(
         store_url,
         "--log-level",
         "info",  # readiness is read from the info-level start-up lines
+        "--nsq-port",
+        "0",  # no NSQ listener (another Tether may hold 4150); args may ask for one
         *args,
     ]
     server = ServerProcess(

@@ -15,6 +15,8 @@ wait has a deadline: a stalled side ends the run with an error instead of hangin
 
     .venv/bin/python benchmarks/core_pubsub.py            # 1M raw, 100k nats-py
     .venv/bin/python benchmarks/core_pubsub.py --quick    # 100k raw, 20k nats-py
+    .venv/bin/python benchmarks/core_pubsub.py --quick --tls  # TLS clients: both servers
+        # read the same tls block (certificates made for the run)
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ import asyncio
 import multiprocessing as mp
 import os
 import random
+import ssl
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
@@ -50,6 +56,8 @@ from _harness import (  # after the sys.path tweak above
     run_matrix,
     settle,
     show_run,
+    start_nats_server,
+    start_tether,
     summarize,
 )
 
@@ -173,11 +181,18 @@ def self_test(seed: int = 1) -> None:
 # -- raw socket clients ----------------------------------------------------------------------
 
 
+def _client_tls(opts: dict[str, Any]) -> ssl.SSLContext | None:
+    """--tls: a client context trusting the run's CA."""
+    if not opts.get("tls_ca"):
+        return None
+    return ssl.create_default_context(cafile=opts["tls_ca"])
+
+
 class RawClient:
     """A blocking NATS connection speaking the text protocol directly."""
 
-    def __init__(self, port: int, stall_timeout: float) -> None:
-        self.sock, rest = raw_connect(port, CONNECT, stall_timeout)
+    def __init__(self, port: int, stall_timeout: float, tls: ssl.SSLContext | None = None) -> None:
+        self.sock, rest = raw_connect(port, CONNECT, stall_timeout, tls)
         self.stall_timeout = stall_timeout
         self.buf = bytearray(rest)
 
@@ -238,7 +253,7 @@ def raw_subscriber(
 ) -> None:
     side = Side()
     try:
-        client = RawClient(port, opts["stall_timeout"])
+        client = RawClient(port, opts["stall_timeout"], _client_tls(opts))
         client.sock.sendall(b"SUB %s %s\r\n" % (sub_filter(opts["subjects"]), SID))
         client.sync()  # the SUB is registered once the PONG is back
         counter = MsgCounter(msg_frames(opts["subjects"], SID, b"x" * size))
@@ -275,7 +290,7 @@ def raw_publisher(
 ) -> None:
     side = Side()
     try:
-        client = RawClient(port, opts["stall_timeout"])
+        client = RawClient(port, opts["stall_timeout"], _client_tls(opts))
         client.sync()
         payload = b"x" * size
         cycle = [
@@ -342,7 +357,10 @@ def natspy_subscriber(
             errors.append(repr(exc))
 
         nc = await nats.connect(
-            f"nats://127.0.0.1:{port}", allow_reconnect=False, error_cb=on_error
+            f"nats://localhost:{port}",
+            allow_reconnect=False,
+            error_cb=on_error,
+            tls=_client_tls(opts),
         )
         done = asyncio.Event()
         count = 0
@@ -391,7 +409,9 @@ def natspy_publisher(
     async def main() -> None:
         import nats
 
-        nc = await nats.connect(f"nats://127.0.0.1:{port}", allow_reconnect=False)
+        nc = await nats.connect(
+            f"nats://localhost:{port}", allow_reconnect=False, tls=_client_tls(opts)
+        )
         await nc.flush()
         payload = b"x" * size
         names = [subj.decode() for subj in subjects(opts["subjects"])]
@@ -538,6 +558,16 @@ def _bound(server: str, cpu: dict[str, float]) -> str:
 
 
 def run(args: argparse.Namespace) -> list[Result]:
+    if args.tls:
+        with _tls_files() as (conf, ca):
+            args.tls_ca = ca
+            return _run(args, lambda name: _with_conf(name, conf))
+    return _run(args, None)
+
+
+def _run(
+    args: argparse.Namespace, start: Callable[[str], AbstractContextManager[ServerProcess]] | None
+) -> list[Result]:
     opts = vars(args)
     counts = {"raw": args.messages, "nats-py": args.nats_py_messages}
     return run_matrix(
@@ -546,7 +576,38 @@ def run(args: argparse.Namespace) -> list[Result]:
         lambda load, name, srv: measure(load, srv, name, counts[load], opts),
         lambda load, name, error: Result(load, name, counts[load], args.size, error=error),
         _print_run,
+        start=start,
     )
+
+
+@contextmanager
+def _tls_files() -> Iterator[tuple[str, str]]:
+    """--tls: a CA and a server certificate made for the run (trustme, the test extra),
+    and the tls block both servers read: (configuration text, CA file)."""
+    import trustme
+
+    with tempfile.TemporaryDirectory(prefix="tether-bench-tls-") as tmp:
+        ca = trustme.CA()
+        cert = ca.issue_cert("localhost", "127.0.0.1")
+        pem, ca_pem = Path(tmp) / "server.pem", Path(tmp) / "ca.pem"
+        cert.private_key_and_cert_chain_pem.write_to_path(pem)
+        ca.cert_pem.write_to_path(ca_pem)
+        conf = f'tls {{\n  cert_file: "{pem}"\n  key_file: "{pem}"\n}}\n'
+        yield conf, str(ca_pem)
+
+
+@contextmanager
+def _with_conf(name: str, conf: str) -> Iterator[ServerProcess]:
+    """The server ``name`` reading ``conf`` (nats-server's format)."""
+    if name == "nats-server":
+        with start_nats_server(config=conf) as srv:
+            yield srv
+        return
+    with tempfile.TemporaryDirectory(prefix="tether-bench-conf-") as tmp:
+        path = Path(tmp) / "server.conf"
+        path.write_text(conf)
+        with start_tether(args=["--config", str(path), "--nsq-port", "0"]) as srv:
+            yield srv
 
 
 def _print_run(r: Result, rep: int) -> None:
@@ -577,6 +638,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load", choices=[*LOADS, "all"], default="all")
     p.add_argument("--batch", type=int, default=1000, help="raw: PUB frames per sendall")
     p.add_argument("--sync-every", type=int, default=10_000, help="raw: PING/PONG every N")
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="clients use TLS (plaintext INFO, then the upgrade); same tls block on both servers",
+    )
     p.add_argument(
         "--window",
         type=int,
