@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from typing import cast
 
 from tether.server.config import ServerConfig
 from tether.server.nats.connection import ClientConnection
@@ -72,25 +73,41 @@ class UpgradingConnection(ClientConnection):
         # Until the handshake is done the connection has no transport: what it wants to
         # write waits in its buffer, and no plaintext byte reaches the parser.
         raw.pause_reading()
+        if self._auth_timer is not None:  # bounded by tls_timeout until the handshake ends
+            self._auth_timer.cancel()
+            self._auth_timer = None
         self._raw: asyncio.Transport | None = raw
+        self._early: list[bytes] = []
         self.transport = None
         self._upgrade = self._loop.create_task(self._handshake(raw))
 
     async def _handshake(self, raw: asyncio.Transport) -> None:
         timeout = self.server.config.tls_timeout
-        try:
-            secure = await self._loop.start_tls(
+        starting = asyncio.ensure_future(
+            self._loop.start_tls(
                 raw,
                 self,
                 self.tls_context,
                 server_side=True,
                 ssl_handshake_timeout=timeout if timeout > 0 else None,
             )
+        )
+        try:
+            # start_tls gives the socket to its TLS protocol (reading paused), then runs
+            # that protocol's connection_made and resumes reading: after both, the bytes
+            # read before go first.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            early, self._early = b"".join(self._early), []
+            if early:
+                _feed(raw.get_protocol(), early)
+            secure = await starting
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
             log.info("client %d: TLS handshake error: %s", self.cid, exc or type(exc).__name__)
             self._lost_in_handshake(raw)
             return
         except asyncio.CancelledError:
+            starting.cancel()
             self._lost_in_handshake(raw)
             raise
         self._raw = None
@@ -100,6 +117,11 @@ class UpgradingConnection(ClientConnection):
         self.transport = secure
         low, high = raw.get_write_buffer_limits()
         secure.set_write_buffer_limits(high=high, low=low)
+        cfg = self.server.config
+        if cfg.auth_required and not self.connected:
+            # The client's time to authenticate starts once TLS is up (nats-server gives
+            # it tls timeout + 1 s from the start; this is at least as long).
+            self._auth_timer = self._loop.call_later(cfg.auth_timeout, self._auth_expired)
         self.flush_now()
 
     def _lost_in_handshake(self, raw: asyncio.Transport) -> None:
@@ -107,6 +129,14 @@ class UpgradingConnection(ClientConnection):
         raw.abort()
         if not self.closing:
             self.connection_lost(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None and getattr(self, "_raw", None) is not None:
+            # The start of the handshake, read before the TLS layer took the socket
+            # over (uvloop may read once after connection_made): it is handed on.
+            self._early.append(bytes(data))
+            return
+        super().data_received(data)
 
     def close_with_error(self, message: str) -> None:
         if self._handshaking():
@@ -130,3 +160,18 @@ class UpgradingConnection(ClientConnection):
         transport = self.transport
         ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
         return str(ssl_object.version()) if ssl_object is not None else ""
+
+
+def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
+    """Bytes into a protocol as its transport would hand them over."""
+    get_buffer = getattr(protocol, "get_buffer", None)
+    if get_buffer is None:
+        cast(asyncio.Protocol, protocol).data_received(data)
+        return
+    view = memoryview(data)
+    while view:
+        buf = get_buffer(len(view))
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        cast(asyncio.BufferedProtocol, protocol).buffer_updated(n)
+        view = view[n:]
