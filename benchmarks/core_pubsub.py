@@ -17,12 +17,15 @@ wait has a deadline: a stalled side ends the run with an error instead of hangin
     .venv/bin/python benchmarks/core_pubsub.py --quick    # 100k raw, 20k nats-py
     .venv/bin/python benchmarks/core_pubsub.py --quick --tls  # TLS clients: both servers
         # read the same tls block (certificates made for the run)
+    .venv/bin/python benchmarks/core_pubsub.py --quick --permissions  # as a user with
+        # publish/subscribe permissions: both servers read the same authorization block
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing as mp
 import os
 import random
@@ -67,6 +70,29 @@ SERVERS = ("tether", "nats-server")
 LOADS = ("raw", "nats-py")
 TARGETS = {"raw": (0.3, 0.5), "nats-py": (0.9, 0.9)}  # (target, stretch) Tether/nats-server
 CONNECT = connect_frame("core_pubsub", headers=False)
+# --permissions: one user whose permissions allow the benchmark's subjects and deny a
+# neighbour, so every publish and every wildcard delivery is checked.
+USER = {"user": "bench", "pass": "bench"}
+PERMISSIONS_CONF = """authorization {
+  users: [
+    {user: bench, password: bench, permissions: {
+      publish: {allow: ["bench.>"], deny: ["bench.secret"]}
+      subscribe: {allow: ["bench.>", "_INBOX.>"], deny: ["bench.secret"]}
+    }}
+  ]
+}
+"""
+
+
+def _connect(opts: dict[str, Any]) -> bytes:
+    if not opts.get("permissions"):
+        return CONNECT
+    fields = json.loads(CONNECT[len(b"CONNECT ") :])
+    return b"CONNECT " + json.dumps({**fields, **USER}).encode() + b"\r\n"
+
+
+def _credentials(opts: dict[str, Any]) -> dict[str, str]:
+    return {"user": USER["user"], "password": USER["pass"]} if opts.get("permissions") else {}
 
 
 # -- MSG counting (raw subscriber) -----------------------------------------------------------
@@ -191,8 +217,14 @@ def _client_tls(opts: dict[str, Any]) -> ssl.SSLContext | None:
 class RawClient:
     """A blocking NATS connection speaking the text protocol directly."""
 
-    def __init__(self, port: int, stall_timeout: float, tls: ssl.SSLContext | None = None) -> None:
-        self.sock, rest = raw_connect(port, CONNECT, stall_timeout, tls)
+    def __init__(
+        self,
+        port: int,
+        stall_timeout: float,
+        connect: bytes = CONNECT,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.sock, rest = raw_connect(port, connect, stall_timeout, tls)
         self.stall_timeout = stall_timeout
         self.buf = bytearray(rest)
 
@@ -253,7 +285,7 @@ def raw_subscriber(
 ) -> None:
     side = Side()
     try:
-        client = RawClient(port, opts["stall_timeout"], _client_tls(opts))
+        client = RawClient(port, opts["stall_timeout"], _connect(opts), _client_tls(opts))
         client.sock.sendall(b"SUB %s %s\r\n" % (sub_filter(opts["subjects"]), SID))
         client.sync()  # the SUB is registered once the PONG is back
         counter = MsgCounter(msg_frames(opts["subjects"], SID, b"x" * size))
@@ -290,7 +322,7 @@ def raw_publisher(
 ) -> None:
     side = Side()
     try:
-        client = RawClient(port, opts["stall_timeout"], _client_tls(opts))
+        client = RawClient(port, opts["stall_timeout"], _connect(opts), _client_tls(opts))
         client.sync()
         payload = b"x" * size
         cycle = [
@@ -361,6 +393,7 @@ def natspy_subscriber(
             allow_reconnect=False,
             error_cb=on_error,
             tls=_client_tls(opts),
+            **_credentials(opts),
         )
         done = asyncio.Event()
         count = 0
@@ -410,7 +443,10 @@ def natspy_publisher(
         import nats
 
         nc = await nats.connect(
-            f"nats://localhost:{port}", allow_reconnect=False, tls=_client_tls(opts)
+            f"nats://localhost:{port}",
+            allow_reconnect=False,
+            tls=_client_tls(opts),
+            **_credentials(opts),
         )
         await nc.flush()
         payload = b"x" * size
@@ -562,7 +598,7 @@ def run(args: argparse.Namespace) -> list[Result]:
         with _tls_files() as (conf, ca):
             args.tls_ca = ca
             return _run(args, lambda name: _with_conf(name, conf))
-    return _run(args, None)
+    return _run(args, _with_permissions if args.permissions else None)
 
 
 def _run(
@@ -610,6 +646,20 @@ def _with_conf(name: str, conf: str) -> Iterator[ServerProcess]:
             yield srv
 
 
+@contextmanager
+def _with_permissions(name: str) -> Iterator[ServerProcess]:
+    """The server ``name`` reading :data:`PERMISSIONS_CONF` (nats-server's format)."""
+    if name == "nats-server":
+        with start_nats_server(config=PERMISSIONS_CONF) as srv:
+            yield srv
+        return
+    with tempfile.TemporaryDirectory(prefix="tether-bench-conf-") as tmp:
+        conf = Path(tmp) / "server.conf"
+        conf.write_text(PERMISSIONS_CONF)
+        with start_tether(args=["--config", str(conf)]) as srv:
+            yield srv
+
+
 def _print_run(r: Result, rep: int) -> None:
     details = f"publish {r.publish_rate:,.0f} msg/s, {r.seconds:.2f}s"
     show_run(r, rep, details, f"; bound: {r.bound}")
@@ -642,6 +692,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tls",
         action="store_true",
         help="clients use TLS (plaintext INFO, then the upgrade); same tls block on both servers",
+    )
+    p.add_argument(
+        "--permissions",
+        action="store_true",
+        help="connect as a user with publish/subscribe permissions (same block on both servers)",
     )
     p.add_argument(
         "--window",
