@@ -148,7 +148,7 @@ def runs(
     for proc in procs.values():
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+        proc.communicate()  # also closes the pipes of a script no test read to the end
 
 
 def test_environment_reproduces_the_problem(tmp_path: Path) -> None:
