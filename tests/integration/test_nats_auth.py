@@ -276,18 +276,21 @@ async def test_a_denied_subject_never_reaches_a_wider_subscription(users_conf: P
     async def run(url: str) -> list[str]:
         sub = await nats.connect(url, user="limited", password="pw")
         pub = await nats.connect(url, user="alice", password="wonder")
-        got: list[str] = []
-        s = await sub.subscribe("sub.>")
-        await sub.flush()
-        for subject in ("sub.a", "sub.secret", "sub.b", "sub.end"):
-            await pub.publish(subject, b"x")
-        await pub.flush()
-        while not got or got[-1] != "sub.end":
-            got.append((await s.next_msg(timeout=2)).subject)
-        await s.unsubscribe()
-        await pub.close()
-        await sub.close()
-        return got
+        try:
+            got: list[str] = []
+            s = await sub.subscribe("sub.>")
+            await sub.flush()
+            for subject in ("sub.a", "sub.secret", "sub.b", "sub.end"):
+                await pub.publish(subject, b"x")
+            await pub.flush()
+            while not got or got[-1] != "sub.end":
+                got.append((await s.next_msg(timeout=5)).subject)
+            await s.unsubscribe()
+            return got
+        finally:
+            # Closed whatever happened: a socket left open would fail a later test.
+            await pub.close()
+            await sub.close()
 
     assert await both(users_conf, run) == ["sub.a", "sub.b", "sub.end"]
 
