@@ -101,8 +101,9 @@ def test_server_pool_order_is_random_unless_disabled() -> None:
     fixed = [s.port for s in ServerPool(urls, False).servers]
     assert fixed == [4000, 4001, 4002, 4003, 4004]
     assert parse_url("h:99").port == 99 and parse_url("nats://h").port == 4222
+    assert parse_url("tls://h:1").tls and not parse_url("nats://h:1").tls
     with pytest.raises(ValueError):
-        parse_url("tls://h:1")
+        parse_url("ws://h:1")
 
 
 async def test_request_reply_on_one_muxed_inbox(server: ScriptedServer) -> None:

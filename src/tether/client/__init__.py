@@ -22,6 +22,7 @@ from tether.client.bulk_read import NotSupported
 from tether.client.catchup import CatchUpSubscription
 from tether.client.connection import Connection, connect
 from tether.client.consume import MessageStream
+from tether.client.credentials import CredentialsError
 from tether.client.errors import (
     ApiError,
     AuthorizationError,
@@ -95,6 +96,7 @@ __all__ = [
     "ConsumerDeleted",
     "ConsumerInfo",
     "ConsumerNotFound",
+    "CredentialsError",
     "DeliverPolicy",
     "DiscardPolicy",
     "FlushTimeout",

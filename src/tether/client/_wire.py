@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from typing import Any, cast
 
 from tether.client.errors import ProtocolViolation
@@ -73,9 +74,21 @@ class Reader:
     def _connect_options(self, server: Server) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _tls_context(self, server: Server) -> ssl.SSLContext | None:
+        """The TLS context asked for (a context in the options, a ``tls://`` URL), or None."""
+        if self.options.tls is not None:
+            return self.options.tls
+        if server.tls or self.options.tls_handshake_first:
+            return ssl.create_default_context()
+        return None
+
     async def _handshake(self, server: Server) -> None:
-        """Open a socket to ``server``, read INFO, send CONNECT+PING, wait for PONG."""
+        """Open a socket to ``server``, read INFO, upgrade to TLS when either side asks,
+        send CONNECT+PING, wait for PONG."""
         loop = asyncio.get_running_loop()
+        tls = self._tls_context(server)
+        hostname = self.options.tls_hostname or server.host
+        first = tls is not None and self.options.tls_handshake_first
         wire = _Wire(self)
         self._wire = wire
         self._transport = None
@@ -85,10 +98,27 @@ class Reader:
         self._handshake_pong = None
         try:
             async with asyncio.timeout(self.options.connect_timeout):
-                await loop.create_connection(lambda: wire, server.host, server.port)
+                await loop.create_connection(
+                    lambda: wire,
+                    server.host,
+                    server.port,
+                    ssl=tls if first else None,
+                    server_hostname=hostname if first else None,
+                )
                 self.server_info = await self._handshake_info
-                self._handshake_pong = loop.create_future()
                 assert wire.transport is not None
+                if not first and (tls is not None or self.server_info.get("tls_required")):
+                    # The server reads nothing more in plain text: TLS starts here.
+                    upgraded = await loop.start_tls(
+                        wire.transport,
+                        wire,
+                        tls or ssl.create_default_context(),
+                        server_hostname=hostname,
+                    )
+                    if upgraded is None:
+                        raise ConnectionResetError("connection lost during the TLS handshake")
+                    wire.transport = upgraded
+                self._handshake_pong = loop.create_future()
                 wire.transport.write(encode_connect(self._connect_options(server)) + PING)
                 await self._handshake_pong
         except BaseException:

@@ -22,6 +22,7 @@ from typing import Any
 from tether.client._io import CLOSED, CONNECTED, DRAINING, RECONNECTING, Io
 from tether.client._listener import Listener
 from tether.client._mux import RequestMux
+from tether.client.credentials import Signer, from_creds_file, from_seed, from_seed_file
 from tether.client.errors import (
     AuthorizationError,
     ClientError,
@@ -60,6 +61,7 @@ class Connection(Io, RequestMux):
         self.last_error: Exception | None = None
         self.reconnects = 0
         self._connected = asyncio.Event()
+        self._signer = _signer(options)
 
     # -- properties ---------------------------------------------------------------------
 
@@ -154,6 +156,10 @@ class Connection(Io, RequestMux):
             connect["pass"] = password or ""
         elif token is not None:
             connect["auth_token"] = token
+        if self._signer is not None:
+            connect.update(self._signer.connect_fields(self.server_info.get("nonce")))
+        if self._tls_context(server) is not None or self.server_info.get("tls_required"):
+            connect["tls_required"] = True
         return connect
 
     # -- the reconnect loop -------------------------------------------------------------
@@ -400,11 +406,24 @@ class Connection(Io, RequestMux):
         await self.close()
 
 
+def _signer(options: Options) -> Signer | None:
+    """The key that signs the server's nonce, read (and checked) once, before connecting."""
+    if options.user_credentials:
+        return from_creds_file(options.user_credentials)
+    if options.nkeys_seed:
+        return from_seed_file(options.nkeys_seed)
+    if options.nkeys_seed_str:
+        return from_seed(options.nkeys_seed_str)
+    return None
+
+
 async def connect(servers: str | list[str] | None = None, **options: Any) -> Connection:
     """Connect to the first server of ``servers`` (random order) that accepts us.
 
     ``options`` are the fields of :class:`Options`, e.g. ``user=``, ``password=``,
-    ``token=``, ``name=``, ``max_reconnect_attempts=``, ``reconnect_backoff=``.
+    ``token=``, ``user_credentials=`` (a ``.creds`` file), ``nkeys_seed=`` (a seed file),
+    ``tls=`` (an ``ssl.SSLContext``), ``tls_handshake_first=``, ``name=``,
+    ``max_reconnect_attempts=``, ``reconnect_backoff=``.
     """
     if servers is not None:
         options["servers"] = [servers] if isinstance(servers, str) else list(servers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
@@ -38,6 +39,15 @@ class Options:
     max_reconnect_attempts: int = 60
     reconnect_backoff: Backoff = field(default_factory=lambda: Backoff(0.05, 2.0, 2.0, 0.2))
     reconnect_buffer_size: int = 8 * 1024 * 1024
+    # TLS: the context to use (``tls://`` URLs and servers whose INFO says tls_required
+    # without one get ssl's default context); TLS before INFO when the server expects it.
+    tls: ssl.SSLContext | None = None
+    tls_hostname: str | None = None
+    tls_handshake_first: bool = False
+    # Keys: a .creds file (user JWT + seed), an nkey seed file, or a seed string.
+    user_credentials: str | None = None
+    nkeys_seed: str | None = None
+    nkeys_seed_str: str | None = None
     ping_interval: float = 120.0
     max_outstanding_pings: int = 2
     write_high_water: int = 4 * 1024 * 1024
@@ -60,6 +70,7 @@ class Server:
     user: str | None = None
     password: str | None = None
     token: str | None = None
+    tls: bool = False  # a tls:// URL: TLS even if INFO does not ask for it
     discovered: bool = False
     failures: int = 0
 
@@ -69,12 +80,12 @@ class Server:
 
 
 def parse_url(url: str) -> Server:
-    """``nats://[user:pass@|token@]host[:port]``; a bare ``host:port`` is accepted too."""
+    """``nats://[user:pass@|token@]host[:port]`` (or ``tls://``); a bare ``host:port`` too."""
     if "://" not in url:
         url = "nats://" + url
     parts = urlsplit(url)
-    if parts.scheme not in ("nats", "tcp"):
-        raise ValueError(f"unsupported scheme {parts.scheme!r} in {url!r} (TLS is not supported)")
+    if parts.scheme not in ("nats", "tcp", "tls"):
+        raise ValueError(f"unsupported scheme {parts.scheme!r} in {url!r} (nats://, tls://)")
     host = parts.hostname or "127.0.0.1"
     try:
         port = parts.port or DEFAULT_PORT
@@ -85,7 +96,7 @@ def parse_url(url: str) -> Server:
     token = None
     if user is not None and password is None:
         token, user = user, None  # nats://token@host
-    return Server(host, port, user, password, token)
+    return Server(host, port, user, password, token, tls=parts.scheme == "tls")
 
 
 class ServerPool:
