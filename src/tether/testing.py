@@ -315,6 +315,109 @@ def run_nats_server(
         server.stop()
 
 
+def find_postgres() -> Path | None:
+    """The directory holding PostgreSQL's ``initdb``, ``pg_ctl`` and ``postgres``
+    (on PATH, or Debian's /usr/lib/postgresql/N/bin), if installed."""
+    candidates: list[Path] = []
+    if found := shutil.which("pg_ctl"):
+        candidates.append(Path(found).resolve().parent)
+    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    for folder in candidates:
+        if all((folder / tool).is_file() for tool in ("initdb", "pg_ctl", "postgres")):
+            return folder
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (for servers that need one up front)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL server: ``initdb`` in a temp directory, ``postgres`` on
+    127.0.0.1, a free port, its socket in the same directory, trust authentication for
+    the user ``tether``. PostgreSQL refuses to run as root, so as root the directory
+    is handed to ``nobody`` and every tool runs as that user."""
+
+    user = "tether"
+
+    def __init__(self, bindir: Path, *, settings: Sequence[str] = ()) -> None:
+        self.bindir = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="tether-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.settings = list(settings)
+        self._as: list[str] = []
+        if os.geteuid() == 0:
+            import pwd
+
+            nobody = pwd.getpwnam("nobody")
+            os.chown(self.dir, nobody.pw_uid, nobody.pw_gid)
+            self._as = ["runuser", "-u", "nobody", "--"]
+        self._run(
+            "initdb", "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8",
+            "--no-sync", "--no-instructions",
+        )  # fmt: skip
+        self.start()
+
+    def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [*self._as, str(self.bindir / tool), *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and done.returncode != 0:
+            raise ServerStartError(f"{tool} failed:\n{done.stdout}{done.stderr}")
+        return done
+
+    @property
+    def log(self) -> str:
+        try:
+            return (self.dir / "postgres.log").read_text("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        options = [f"-p {self.port}", f"-k {self.dir}", "-c listen_addresses=127.0.0.1"]
+        options += [f"-c {setting}" for setting in self.settings]
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.dir / "postgres.log"),
+            "-o", " ".join(options), "-w", "-t", "30", "start",
+        )  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast`` ends every session and shuts down; ``immediate`` is a crash."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
+        self.start()
+
+    def psql(self, sql: str, database: str = "postgres") -> None:
+        """Run ``sql`` (autocommit: CREATE DATABASE works) through psycopg."""
+        import psycopg
+
+        with psycopg.connect(self.url(database), autocommit=True) as conn:
+            conn.execute(sql.encode())
+
+    def create_database(self, name: str) -> str:
+        self.psql(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def cleanup(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class RawClient:
     """One raw protocol connection whose input is read continuously in the background.
 

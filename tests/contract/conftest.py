@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from tether.storage import Store
 from tether.storage.memory import MemoryStore
 from tether.storage.sqlite import SqliteStore
 
-BACKENDS = ["memory", "sqlite-always", "sqlite-os"]
+BACKENDS = ["memory", "sqlite-always", "sqlite-os", "postgres"]
 
 MakeStore = Callable[..., Awaitable[Store]]
 
@@ -28,14 +29,34 @@ def store_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def make_store(backend: str, store_dir: Path) -> AsyncIterator[MakeStore]:
-    """Opens a new store of the test's backend; sqlite ones share ``store_dir``."""
+def postgres_url(backend: str, request: pytest.FixtureRequest) -> str | None:
+    """A fresh database of the session's PostgreSQL server, for the postgres backend."""
+    if backend != "postgres":
+        return None
+    server = request.getfixturevalue("postgres_server")
+    return str(server.create_database(f"contract_{next(_databases)}"))
+
+
+_databases = itertools.count(1)
+
+
+@pytest.fixture
+async def make_store(
+    backend: str, store_dir: Path, postgres_url: str | None
+) -> AsyncIterator[MakeStore]:
+    """Opens a new store of the test's backend; sqlite ones share ``store_dir``,
+    postgres ones the test's database."""
     stores: list[Store] = []
 
     async def make(**options: Any) -> Store:
         store: Store
         if backend == "memory":
             store = MemoryStore()
+        elif backend == "postgres":
+            from tether.storage.postgres import PostgresStore
+
+            assert postgres_url is not None
+            store = PostgresStore(postgres_url, **options)
         else:
             sync = backend.removeprefix("sqlite-")
             store = SqliteStore(store_dir, sync=sync, **options)  # type: ignore[arg-type]
