@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -36,7 +37,12 @@ from tether.server.nsq.http_api import NsqHttp
 from tether.server.nsq.http_common import respond
 from tether.server.nsq.lookupd import Lookupd
 from tether.server.nsq.server import NsqServer
+from tether.server.standby import readyz_route, standby_app
 from tether.storage import Store, open_store
+from tether.storage.postgres import redact
+
+if TYPE_CHECKING:
+    from tether.storage.leadership import Leadership
 
 log = logging.getLogger("tether")
 
@@ -45,6 +51,7 @@ JETSTREAM_OFF = (
 )
 LAME_DUCK = "The server is shutting down (lame duck mode): the webhook-broker API is closed"
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+STEPPED_DOWN = 3  # exit status of a node that stopped being active (docs/deployment.md)
 
 
 class Tether:
@@ -52,7 +59,8 @@ class Tether:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.store_url = config.store
+        # Shown in /varz and logs: without a PostgreSQL URL's password.
+        self.store_url = redact(config.store) if is_postgres(config.store) else config.store
         self.nats = NatsServer(config)
         self.http: HttpListener | None = None
         self.http_port = 0
@@ -72,15 +80,26 @@ class Tether:
         self.lookupd_http_port = 0
         self._stopped = asyncio.Event()
         self._engine_running = False
+        # Over PostgreSQL (docs/deployment.md): this node's role, None on other stores.
+        self.leadership: Leadership | None = None
+        self.role: str | None = None
+        self.stepped_down: str | None = None  # why this node stopped being active
+        self._request_stop: Callable[[], None] | None = None
 
     async def start(self) -> None:
         cfg = self.config
+        if not await self._become_active(None):
+            return
         if cfg.jetstream:
             await self._start_engine()
         await self.nats.start()
         if self.webhook_front is not None:
             web = Starlette(
-                routes=[*monitor.routes(self), *self.webhook_front.routes],
+                routes=[
+                    *monitor.routes(self),
+                    readyz_route(lambda: self.role),
+                    *self.webhook_front.routes,
+                ],
                 middleware=[Middleware(self._gateway)],
             )
             # Broadcasts are served ahead of Starlette (same checks, same bytes).
@@ -88,7 +107,18 @@ class Tether:
         else:
             front = self._without_engine(JETSTREAM_OFF)
         front = self._nsq_http(front)
-        limits = HttpLimits(
+        limits = self._http_limits()
+        if self.http is not None:  # a former standby's: the same port, the full app now
+            self.http.replace_app(front)
+        else:
+            await self._start_http(front)
+        await self._start_lookupd(limits)
+        log.info("Listening for client connections on %s", show(cfg.host, self.nats.port))
+        log.info("Server is ready")
+
+    def _http_limits(self) -> HttpLimits:
+        cfg = self.config
+        return HttpLimits(
             max_header_bytes=cfg.http_max_header_bytes,
             max_headers=cfg.http_max_headers,
             header_timeout=cfg.http_header_timeout,
@@ -96,22 +126,69 @@ class Tether:
             idle_timeout=cfg.http_idle_timeout,
             max_connections=cfg.http_max_connections,
         )
+
+    async def _start_http(self, front: AsgiApp) -> None:
+        cfg = self.config
         https = (
             (cfg.tls_cert, cfg.tls_key) if cfg.http_tls and cfg.tls_cert and cfg.tls_key else None
         )
-        self.http = HttpListener(front, cfg.host, cfg.http_port, limits, https)
+        self.http = HttpListener(front, cfg.host, cfg.http_port, self._http_limits(), https)
         await self.http.start()
         self.http_port = self.http.port
-        await self._start_lookupd(limits)
         log.info("Starting http monitor on %s", show(cfg.host, self.http_port))
-        log.info("Listening for client connections on %s", show(cfg.host, self.nats.port))
-        log.info("Server is ready")
+
+    async def _become_active(self, stopping: asyncio.Event | None) -> bool:
+        """Over PostgreSQL: wait as a standby (HTTP answering /healthz and /readyz, no
+        client listener) until this node holds the leader lock. False: ``stopping``
+        was set first. Other stores: True at once."""
+        cfg = self.config
+        if self.leadership is not None or not cfg.jetstream or not is_postgres(cfg.store):
+            return True
+        from tether.storage.leadership import Leadership
+
+        self.leadership = Leadership(
+            cfg.store,
+            poll_interval=cfg.ha_poll_interval,
+            session_timeout=cfg.ha_session_timeout,
+            keepalive=cfg.postgres_keepalive,
+            node=self.nats.server_name,
+        )
+        self.role = "standby"
+        await self._start_http(standby_app(lambda: self.role))
+        if await self.leadership.acquire(stopping) is None:
+            return False
+        self.role = "active"
+        self.leadership.watch(self._step_down)
+        return True
+
+    def _step_down(self, why: str) -> None:
+        """This node is not the leader any more: stop serving and exit (a supervisor
+        restarts it as a standby)."""
+        if self.stepped_down is not None:
+            return
+        self.stepped_down = why
+        self.role = "stopped"
+        log.error("Stepping down, this node is not active any more: %s", why)
+        if self._request_stop is not None:
+            self._request_stop()
+
+    def _fencing(self) -> dict[str, Any]:
+        """The PostgreSQL store's fencing settings, once this node is active."""
+        lead = self.leadership
+        if lead is None or lead.epoch is None:
+            return {}
+        return {
+            "epoch": lead.epoch,
+            "on_fenced": lambda fenced: self._step_down(str(fenced)),
+            "keepalive": lead.keepalive,
+            "writer_options": lead.writer_options,
+        }
 
     async def _start_engine(self) -> None:
         """Storage, the engine and its front doors: JetStream over NATS and the
         webhook-broker HTTP API."""
         cfg = self.config
-        self.store = open_store(cfg.store, sync=cfg.sync)
+        self.store = open_store(cfg.store, sync=cfg.sync, **self._fencing())
         await self.store.open()
         self.broker = Broker(self.store, LoopClock())
         await self.broker.load()
@@ -217,6 +294,8 @@ class Tether:
             self.broker.close()
         if self.store is not None:
             await self.store.close()
+        if self.leadership is not None:
+            await self.leadership.close()  # the lock goes: a standby takes over at once
         self._stopped.set()
 
     async def _release_pulls(self, *, tell: bool) -> None:
@@ -307,8 +386,10 @@ class Tether:
         for sig, handler in handlers.items():
             loop.add_signal_handler(sig, handler)
         pid_file = _write_pid_file(self.config.pid_file)
+        self._request_stop = stop.set
         try:
-            await self.start()
+            if await self._become_active(stop):
+                await self.start()
             try:
                 await stop.wait()
             finally:
@@ -328,6 +409,12 @@ class Tether:
         finally:
             if pid_file is not None:
                 pid_file.unlink(missing_ok=True)
+        if self.stepped_down is not None:
+            raise SystemExit(STEPPED_DOWN)
+
+
+def is_postgres(store: str) -> bool:
+    return store.partition(":")[0] in ("postgres", "postgresql")
 
 
 def _write_pid_file(name: str | None) -> Path | None:

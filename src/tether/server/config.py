@@ -14,7 +14,7 @@ from tether.server.listen import bare_host, split_listen
 
 MiB = 1024 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error")
-STORE_FORMS = "'memory', 'sqlite:DIR' or 'sqlite://DIR'"
+STORE_FORMS = "'memory', 'sqlite:DIR', 'sqlite://DIR' or 'postgresql://USER:PASS@HOST/DB'"
 PORT_RANGE = "0-65535 or -1 (-1 and 0 pick a free port)"
 
 
@@ -90,6 +90,15 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     http_port: int = 8222  # -1 or 0 picks a free port; None-like 0 never disables it
     store: str = "sqlite:./tether-data"
     sync: Literal["always", "os"] = "always"
+    # -- PostgreSQL store: active/standby (docs/deployment.md) --------------------------------
+    # host:port (or nats://host:port) of every node clients may use, this one and its
+    # standbys: sent in INFO connect_urls so clients learn where to reconnect.
+    connect_urls: list[str] = msgspec.field(default_factory=list)
+    ha_poll_interval: float = 1.0  # seconds between a standby's tries of the leader lock
+    # A paused or cut-off active node loses the lock this many seconds after its last
+    # heartbeat (idle_session_timeout of its lock session); a crashed one at once.
+    ha_session_timeout: float = 10.0
+    postgres_keepalive: float = 5.0  # TCP keepalive idle seconds (both sides of each session)
     jetstream: bool = True  # false: no $JS.API, no streams, no store (docs/configuration.md)
     lame_duck_duration: float = 120.0  # seconds lame duck mode takes to close every client
     lame_duck_grace_period: float = 10.0  # seconds it waits before closing the first one
@@ -268,7 +277,7 @@ def _apply_listen(values: dict[str, Any], flags: dict[str, Any]) -> None:
 
 
 def _store_problem(url: str) -> str | None:
-    # The forms tether.storage.open_store takes; postgres is refused there, when starting.
+    # The forms tether.storage.open_store takes.
     scheme, colon, rest = url.partition(":")
     if url == "memory" or (colon and scheme in ("postgres", "postgresql")):
         return None
@@ -302,6 +311,13 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
     problem = _store_problem(cfg.store)
     if problem:
         raise ValueError(f"{source('store')}: {problem}: expected {STORE_FORMS}")
+    if not 0 < cfg.ha_poll_interval < cfg.ha_session_timeout:
+        raise ValueError(
+            f"{source('ha_poll_interval')}: expected more than 0 seconds, less than"
+            f" ha_session_timeout ({cfg.ha_session_timeout:g})"
+        )
+    if not cfg.postgres_keepalive >= 1:
+        raise ValueError(f"{source('postgres_keepalive')}: expected 1 second or more")
     if not cfg.lame_duck_duration > 0:
         raise ValueError(f"{source('lame_duck_duration')}: expected more than 0 seconds")
     if not 0 <= cfg.lame_duck_grace_period < cfg.lame_duck_duration:

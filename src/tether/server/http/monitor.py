@@ -412,7 +412,9 @@ def routes(app: Monitored) -> list[Route]:
                     503,
                     pretty=False,
                 )
-        return _answer({"status": "ok"}, pretty=False)  # compact, as nats-server's
+        role = getattr(app, "role", None)  # over PostgreSQL: active or standby
+        body = {"status": "ok", "role": role} if role else {"status": "ok"}
+        return _answer(body, pretty=False)  # compact, as nats-server's
 
     # -- one server: no routes, gateways or leaf nodes ---------------------------------------
     def routez(request: Request) -> dict[str, Any]:

@@ -243,6 +243,9 @@ class NatsServer:
         info["client_ip"] = conn.remote[0]
         if conn.nonce and not connect_info:
             info["nonce"] = conn.nonce
+        if self.config.connect_urls:
+            # Where clients may reconnect: this node and its standbys (docs/deployment.md).
+            info["connect_urls"] = [url.removeprefix("nats://") for url in self.config.connect_urls]
         if connect_info:
             # Sent after the first PONG: the connection is established, in the global account.
             info["connect_info"] = True
