@@ -17,7 +17,9 @@ from typing import Any, Protocol
 
 from tether.engine import errors
 from tether.engine.clock import Clock, Timer
-from tether.engine.streams import StreamListener
+from tether.engine.streams import StreamListener, counters
+from tether.engine.streams import schedules as sched
+from tether.engine.streams.batches import BATCH_ID, AtomicBatches, Staged
 from tether.engine.streams.config import (
     StreamConfig,
     check_create,
@@ -39,6 +41,7 @@ from tether.engine.streams.stream import (
     PRIORITY_RANGE,
     ROLLUP,
     Stream,
+    message_ttl,
     parse_priority,
 )
 from tether.engine.subjects import filters_overlap
@@ -59,6 +62,13 @@ class PubAck:
     stream: str
     seq: int
     duplicate: bool = False
+    # An atomic batch's commit: its id and how many messages it stored.
+    batch: str = ""
+    count: int = 0
+    # A counter's new total.
+    val: str = ""
+    # A batch message staged for its commit (answered with an empty reply).
+    staged: bool = False
 
 
 AckCallback = Callable[[PubAck | errors.ApiError], None]
@@ -88,7 +98,7 @@ _Waiter = tuple[Any, str, int, list[str] | None, bool]
 class _Tick:
     """What one group commit carries besides the writes: who to tell when it lands."""
 
-    __slots__ = ("appended", "first_seq", "merged", "waiters")
+    __slots__ = ("appended", "atomic", "first_seq", "merged", "waiters")
 
     def __init__(self) -> None:
         # (stream, first seq, last seq, msg id): a run of appends, newest last; a msg id
@@ -102,6 +112,8 @@ class _Tick:
         # The replies of the last waiter when this tick built that list by merging runs
         # (see Broker._ran), so that later runs extend it in place.
         self.merged: list[str] | None = None
+        # Atomic batches in this commit, (stream, first seq, last seq): refused whole.
+        self.atomic: list[tuple[str, int, int]] = []
 
 
 class Broker:
@@ -117,6 +129,12 @@ class Broker:
         self._last_tick: _Tick | None = None
         self._expiry_timer: Timer | None = None
         self._expiry_at = 0
+        self.batches = AtomicBatches(clock)
+        # The one timer heap for delayed work (stream schedules, HTTP scheduled messages).
+        self.timetable = sched.Timetable(clock)
+        self._counters: dict[str, counters.CounterValues] = {}
+        self._schedules: dict[tuple[str, str], sched.Schedule] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
         store.on_refused(self._take_back)
 
     # -- startup ---------------------------------------------------------------------------
@@ -131,12 +149,74 @@ class Broker:
             await self._restore_dedup(stream, index, now)
             self.streams[stream.name] = stream
         for stream in self.streams.values():
+            await self._load_features(stream)
+        for stream in self.streams.values():
             # A failed commit may have left messages the limits had already evicted.
             removed = stream.enforce_limits()
             if removed:
                 self._delete_seqs(stream, removed)
             self._expire(stream)
         self._schedule_expiry()
+
+    async def _load_features(self, stream: Stream) -> None:
+        """Counter totals and live schedules, from what the store holds."""
+        cfg = stream.config
+        if cfg.allow_msg_counter:
+            values = self._counters[stream.name] = counters.CounterValues()
+            seq = stream.first_seq
+            while seq <= stream.last_seq:
+                msgs = await self.store.read_range(stream.name, seq, 1000)
+                if not msgs:
+                    break
+                for msg in msgs:
+                    values.set(msg.seq, counters.read_value(msg.data))
+                seq = msgs[-1].seq + 1
+        if cfg.allow_msg_schedules:
+            await self._load_schedules(stream)
+
+    async def _load_schedules(self, stream: Stream) -> None:
+        """Every schedule is the last message of its subject; when it fires next is
+        what the last message it produced says (see ``schedules``)."""
+        lasts = sorted(stream.last_by_subject(s) for s in stream.subjects_state(">"))
+        found: list[sched.Schedule] = []
+        for i in range(0, len(lasts), 1000):
+            for msg in await self.store.read_many(stream.name, lasts[i : i + 1000]):
+                fields = _header_fields(msg.headers) if msg.headers else {}
+                if not fields.get(sched.SCHEDULE):
+                    continue
+                try:
+                    schedule = sched.check_publish(
+                        msg.subject,
+                        stream.config.subjects,
+                        True,
+                        True,
+                        fields,
+                        lambda _v: True,
+                    )
+                except errors.ApiError:
+                    continue
+                if schedule is not None:
+                    schedule.stream = stream.name
+                    schedule.seq = msg.seq
+                    schedule.due_ns = schedule.pattern.first_due(msg.ts)
+                    found.append(schedule)
+        for schedule in found:
+            if schedule.pattern.kind != "at":
+                nxt = await self._last_produced(stream, schedule)
+                if nxt:
+                    schedule.due_ns = nxt
+            self._arm_schedule(schedule)
+
+    async def _last_produced(self, stream: Stream, schedule: sched.Schedule) -> int:
+        """The next fire the newest message ``schedule`` produced recorded, or 0."""
+        seqs = [s for s in stream.seqs_matching(schedule.seq + 1, (schedule.target,))]
+        while seqs:
+            chunk, seqs = seqs[-64:], seqs[:-64]
+            for msg in reversed(await self.store.read_many(stream.name, chunk)):
+                fields = _header_fields(msg.headers) if msg.headers else {}
+                if fields.get(sched.SCHEDULER) == schedule.subject.encode():
+                    return sched.next_from_produced(fields) or 0
+        return 0
 
     async def _restore_dedup(self, stream: Stream, index: list[MessageMeta], now: int) -> None:
         cutoff = now - stream.config.duplicate_window
@@ -225,6 +305,8 @@ class Broker:
     async def delete_stream(self, name: str) -> None:
         stream = self.get_stream(name)
         del self.streams[name]
+        self.batches.drop_stream(name)
+        self._counters.pop(name, None)
         for listener in self.listeners:
             listener.on_stream_deleted(stream)
         await self._durable(self.store.delete_stream(name))
@@ -333,6 +415,11 @@ class Broker:
         ``replies[i]`` answers ``payloads[i]`` ("" when nobody asked); ``sink`` None
         means nobody is answered (a ``no_ack`` stream).
         """
+        if stream.config.allow_msg_counter:
+            # Each is refused for its missing Nats-Incr, as one publish would be.
+            for payload, reply in zip(payloads, replies, strict=True):
+                self._publish_one(stream, subject, None, payload, sink, [reply] if reply else None)
+            return
         cfg = stream.config
         name = stream.name
         if not payloads:
@@ -399,7 +486,13 @@ class Broker:
         by one. A stream without limits that could refuse or evict indexes the run in
         one go; any other takes it a subject run at a time."""
         cfg = stream.config
-        if cfg.sealed or cfg.max_msg_size >= 0 or cfg.discard == "new" or stream.evicts:
+        if (
+            cfg.sealed
+            or cfg.max_msg_size >= 0
+            or cfg.discard == "new"
+            or stream.evicts
+            or cfg.allow_msg_counter
+        ):
             start = 0
             n = len(subjects)
             for i in range(1, n + 1):
@@ -487,13 +580,34 @@ class Broker:
         msg_id = ""
         priority = 0
         rollup = ""
+        incr: int | None = None
+        schedule: sched.Schedule | None = None
+        stop = ""
         try:
             if cfg.sealed:
                 raise errors.stream_sealed()
+            if cfg.allow_msg_counter and not hdrs:
+                raise counters.missing()
             if hdrs:
                 # The checks and their order are nats-server's: expectations, dedup,
                 # expected last msg id, rollup, sizes, then the discard-new limits.
                 fields = _header_fields(hdrs)
+                if fields.get(BATCH_ID):
+                    self._publish_batched(stream, subject, hdrs, payload, fields, target, replies)
+                    return
+                if cfg.allow_msg_counter or counters.INCR in fields:
+                    if cfg.allow_msg_counter and MSG_TTL in fields:
+                        stream.check_expectations(subject, None, None, None, None, fields[MSG_TTL])
+                    incr = counters.check(cfg.allow_msg_counter, fields, payload)
+                if fields.get(sched.SCHEDULE):
+                    schedule = self._check_schedule(stream, subject, fields)
+                    if schedule is not None and ROLLUP not in fields:
+                        hdrs = sched.with_rollup(hdrs)
+                        fields[ROLLUP] = b"sub"
+                elif sched.SCHEDULER in fields or sched.NEXT in fields:
+                    stop = sched.check_stop(
+                        subject, cfg.allow_msg_schedules, fields, self._is_schedule(stream)
+                    )
                 stream.check_expectations(
                     subject,
                     fields.get(EXPECTED_STREAM),
@@ -531,6 +645,11 @@ class Broker:
                     if parsed is None:
                         raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
                     priority = parsed
+            if incr is not None:
+                total = self._counter_total(stream, subject) + incr
+                payload = counters.body(total)
+                if target is not None and replies is None:
+                    target = _with_extras(target, val=str(total))
             stream.check_size(len(hdrs), len(payload))
             size = len(subject) + len(hdrs) + len(payload) + 16
             stream.check_limits_for_new(subject, size, bool(rollup))
@@ -541,6 +660,8 @@ class Broker:
                 else:
                     target.pub_failed(stream.name, replies, exc)
             return
+        if stop:
+            self._stop_schedule(stream, stop)
         removed = stream.rollup(subject, rollup) if rollup else []
         seq = stream.last_seq + 1
         msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
@@ -556,6 +677,257 @@ class Broker:
             tick.waiters.append((target, stream.name, seq, replies, False))
         if cfg.max_age and not self._expiry_timer:
             self._schedule_expiry()
+        if incr is not None:
+            self._counter_values(stream).set(seq, counters.read_value(payload))
+        if schedule is not None:
+            schedule.stream = stream.name
+            schedule.seq = seq
+            schedule.due_ns = schedule.pattern.first_due(now)
+            self._arm_schedule(schedule)
+
+    # -- atomic batches ------------------------------------------------------------------------
+    def _publish_batched(
+        self,
+        stream: Stream,
+        subject: str,
+        hdrs: bytes,
+        payload: bytes,
+        fields: dict[bytes, bytes],
+        target: Any,
+        replies: list[str] | None,
+    ) -> None:
+        """A message of an atomic batch: staged, or (its commit) the whole batch stored."""
+        name = stream.name
+        try:
+            stream.check_size(len(hdrs), len(payload))
+            staged = self.batches.stage(
+                name, stream.config.allow_atomic, subject, hdrs, payload, fields
+            )
+            if staged is None:
+                _answer(target, name, replies, PubAck(name, 0, staged=True))
+                return
+            batch, msgs, _ = staged
+            self._commit_batch(stream, batch.id, msgs, target, replies)
+        except errors.ApiError as exc:
+            _answer(target, name, replies, exc)
+
+    def _commit_batch(
+        self,
+        stream: Stream,
+        batch_id: str,
+        msgs: list[Staged],
+        target: Any,
+        replies: list[str] | None,
+    ) -> None:
+        """Store a batch all or nothing: every message is checked against the stream as
+        it was before the batch, then all are appended in this one synchronous call,
+        which puts them in one group commit (one transaction)."""
+        cfg = stream.config
+        if cfg.sealed:
+            raise errors.stream_sealed()
+        now = self.clock.now()
+        last = stream.last_seq
+        seen: set[str] = set()
+        written: set[str] = set()
+        totals: dict[str, int] = {}
+        prepared: list[tuple[str, bytes, bytes, str, int, str]] = []
+        total_size = 0
+        for i, m in enumerate(msgs):
+            f = m.fields
+            if EXPECTED_LAST_MSG_ID in f:
+                raise batches_unsupported("Nats-Expected-Last-Msg-Id")
+            if f.get(sched.SCHEDULE) or sched.SCHEDULER in f:
+                raise batches_unsupported("Nats-Schedule")
+            expected_stream = f.get(EXPECTED_STREAM)
+            if expected_stream and expected_stream != stream.name.encode():
+                raise errors.expected_stream_mismatch()
+            if MSG_TTL in f:
+                stream.check_expectations(m.subject, None, None, None, None, f[MSG_TTL])
+            payload = m.payload
+            if cfg.allow_msg_counter or counters.INCR in f:
+                incr = counters.check(cfg.allow_msg_counter, f, payload)
+                if incr is not None:
+                    base = totals.get(m.subject)
+                    if base is None:
+                        base = self._counter_total(stream, m.subject)
+                    totals[m.subject] = base + incr
+                    payload = counters.body(base + incr)
+            subj_seq = f.get(EXPECTED_LAST_SUBJ_SEQ)
+            if subj_seq is not None:
+                on = f.get(EXPECTED_LAST_SUBJ_SEQ_SUBJECT)
+                on_subject = on.decode("utf-8", "surrogateescape") if on else m.subject
+                if on_subject in written:
+                    raise batches_wrong_last_sequence()
+                stream.check_expectations(m.subject, None, None, subj_seq, on, None)
+            raw_last = f.get(EXPECTED_LAST_SEQ)
+            if raw_last is not None and (i or _uint(raw_last) != last):
+                raise errors.wrong_last_sequence(last + i)
+            msg_id = ""
+            raw_id = f.get(MSG_ID)
+            if raw_id:
+                msg_id = raw_id.decode("utf-8", "replace")
+                if msg_id in seen or stream.duplicate_of(msg_id, now):
+                    raise batches_duplicate_id()
+                seen.add(msg_id)
+            rollup = ""
+            raw_rollup = f.get(ROLLUP)
+            if raw_rollup:
+                if not cfg.allow_rollup_hdrs or cfg.deny_purge:
+                    raise errors.rollup_not_permitted()
+                rollup = raw_rollup.decode(errors="replace").lower()
+                if rollup not in ("sub", "all"):
+                    raise errors.invalid_rollup(rollup)
+            priority = 0
+            raw_priority = f.get(PRIORITY)
+            if raw_priority:
+                parsed = parse_priority(raw_priority)
+                if parsed is None:
+                    raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
+                priority = parsed
+            stream.check_size(len(m.headers), len(payload))
+            total_size += len(m.subject) + len(m.headers) + len(payload) + 16
+            written.add(m.subject)
+            prepared.append((m.subject, m.headers, payload, msg_id, priority, rollup))
+        if cfg.discard == "new":
+            st = stream.state
+            if cfg.max_msgs > 0 and st.msgs + len(prepared) > cfg.max_msgs:
+                raise errors.store_failed("maximum messages exceeded")
+            if cfg.max_bytes > 0 and st.bytes + total_size > cfg.max_bytes:
+                raise errors.store_failed("maximum bytes exceeded")
+        name = stream.name
+        first = stream.last_seq + 1
+        fut = None
+        for subject, hdrs, payload, msg_id, priority, rollup in prepared:
+            removed = stream.rollup(subject, rollup) if rollup else []
+            seq = stream.last_seq + 1
+            msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
+            size = len(subject) + len(hdrs) + len(payload) + 16
+            removed += stream.append(MessageMeta(seq, subject, size, now, priority), msg_id)
+            fut = self.store.append(name, msg)
+            if removed:
+                self._delete_seqs(stream, removed)
+            if cfg.allow_msg_counter:
+                self._counter_values(stream).set(seq, counters.read_value(payload))
+        assert fut is not None
+        last_seq = stream.last_seq
+        tick = self._tick_for(fut)
+        for (_, _, _, msg_id, _, _), seq in zip(prepared, range(first, last_seq + 1), strict=True):
+            tick.appended.append((stream, seq, seq, msg_id))
+        tick.first_seq.setdefault(name, first)
+        tick.atomic.append((name, first, last_seq))
+        if target is not None:
+            if replies is None:
+                target = _with_extras(target, batch=batch_id, count=len(prepared))
+            tick.waiters.append((target, name, last_seq, replies, False))
+        if cfg.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+
+    def _whole_batches(self, name: str, bad: dict[int, str]) -> dict[int, str]:
+        """``bad`` plus every other message of the atomic batches it touches: a batch
+        the store refuses part of is refused whole."""
+        out = dict(bad)
+        for tick in self._ticks.values():
+            for stream, lo, hi in tick.atomic:
+                if stream != name:
+                    continue
+                why = next((bad[s] for s in bad if lo <= s <= hi), None)
+                if why is not None:
+                    for seq in range(lo, hi + 1):
+                        out.setdefault(seq, f"{why} (its atomic batch is refused whole)")
+        return out
+
+    # -- counters --------------------------------------------------------------------------------
+    def _counter_values(self, stream: Stream) -> counters.CounterValues:
+        values = self._counters.get(stream.name)
+        if values is None:
+            values = self._counters[stream.name] = counters.CounterValues()
+        values.prune(stream.state.msgs, lambda seq: stream.meta(seq) is not None)
+        return values
+
+    def _counter_total(self, stream: Stream, subject: str) -> int:
+        """The total of ``subject``: what its last live message holds (0 if none)."""
+        value = self._counter_values(stream).at(stream.last_by_subject(subject))
+        if value is None:
+            raise counters.broken()
+        return value
+
+    # -- schedules -------------------------------------------------------------------------------
+    def _check_schedule(
+        self, stream: Stream, subject: str, fields: dict[bytes, bytes]
+    ) -> sched.Schedule | None:
+        cfg = stream.config
+        return sched.check_publish(
+            subject,
+            cfg.subjects,
+            cfg.allow_msg_schedules,
+            cfg.allow_msg_ttl,
+            fields,
+            lambda v: (message_ttl(v) or 0) != 0,
+        )
+
+    def _is_schedule(self, stream: Stream) -> Callable[[str], bool]:
+        def is_schedule(subject: str) -> bool:
+            found = self._schedules.get((stream.name, subject))
+            return found is not None and stream.meta(found.seq) is not None
+
+        return is_schedule
+
+    def _stop_schedule(self, stream: Stream, subject: str) -> None:
+        """Purge a schedule's subject (a client stopped it, or it fired for the last
+        time): in the same commit as the message that says so."""
+        self._schedules.pop((stream.name, subject), None)
+        self.timetable.cancel(("schedule", stream.name, subject))
+        removed = stream.purge(subject)
+        if removed:
+            self._delete_seqs(stream, removed)
+
+    def _arm_schedule(self, schedule: sched.Schedule) -> None:
+        key = (schedule.stream, schedule.subject)
+        self._schedules[key] = schedule
+        self.timetable.set(("schedule", *key), schedule.due_ns, lambda: self._fire_soon(schedule))
+
+    def _fire_soon(self, schedule: sched.Schedule) -> None:
+        task = asyncio.ensure_future(self._fire(schedule))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fire(self, schedule: sched.Schedule) -> None:
+        """Store what a due schedule produces (the schedule's message, or its source
+        subject's last one) on its target, and arm its next fire."""
+        stream = self.streams.get(schedule.stream)
+        key = (schedule.stream, schedule.subject)
+        if stream is None or self._schedules.get(key) is not schedule:
+            return
+        try:
+            msg = await self.read(stream, schedule.seq)
+            if schedule.source:
+                last = stream.last_by_subject(schedule.source)
+                msg = await self.read(stream, last) if last else msg
+        except StorageError as exc:
+            log.error("schedule %s of stream %s: %s", schedule.subject, stream.name, exc)
+            msg = None
+        if (
+            self.streams.get(schedule.stream) is not stream
+            or self._schedules.get(key) is not schedule
+        ):
+            return
+        if stream.meta(schedule.seq) is None:
+            self._schedules.pop(key, None)  # the schedule is gone (deleted, purged, expired)
+            return
+        if msg is None:
+            return
+        now = self.clock.now()
+        nxt = schedule.pattern.next_after(now)
+        headers = sched.produced_headers(msg.headers, schedule, nxt)
+
+        def failed(result: PubAck | errors.ApiError) -> None:
+            if isinstance(result, errors.ApiError):
+                log.error("schedule %s of stream %s: %s", schedule.subject, stream.name, result)
+
+        self._publish_one(stream, schedule.target, headers, msg.data, failed, None)
+        if nxt and self._schedules.get(key) is schedule:
+            schedule.due_ns = nxt
+            self._arm_schedule(schedule)
 
     def _ack_duplicate(
         self, stream: Stream, seq: int, target: Any, replies: list[str] | None
@@ -642,6 +1014,7 @@ class Broker:
         one bad message never fails its neighbours nor leaves a hole in the numbering.
         """
         for name, bad in refused.items():
+            bad = self._whole_batches(name, bad)
             first = min(bad)
             msgs = self.store.withdraw(name, first)
             streams, waiting, dups, msg_ids = self._unbook(name, first)
@@ -849,6 +1222,8 @@ class Broker:
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
+        self.timetable.close()
+        self.batches.close()
 
     # -- account ---------------------------------------------------------------------------------------
     def account_usage(self) -> dict[str, Any]:
@@ -886,6 +1261,35 @@ def _answer(
         target.pub_failed(stream, replies, result)
     else:
         target.pub_acked(stream, result.seq, replies, result.duplicate)
+
+
+def _with_extras(target: Callable[[Any], None], **extras: Any) -> Callable[[Any], None]:
+    """A publish callback whose PubAck also carries ``extras`` (a batch's id and count,
+    a counter's total); errors and duplicates pass as they are."""
+
+    def answer(result: PubAck | errors.ApiError) -> None:
+        if isinstance(result, PubAck) and not result.duplicate:
+            for key, value in extras.items():
+                setattr(result, key, value)
+        target(result)
+
+    return answer
+
+
+def _uint(raw: bytes) -> int:
+    return int(raw) if raw.isdigit() and len(raw) <= 19 else -1
+
+
+def batches_unsupported(header: str) -> errors.ApiError:
+    return errors.ApiError(400, 10177, f"atomic publish unsupported header used: {header}")
+
+
+def batches_duplicate_id() -> errors.ApiError:
+    return errors.ApiError(400, 10201, "atomic publish batch contains duplicate message id")
+
+
+def batches_wrong_last_sequence() -> errors.ApiError:
+    return errors.ApiError(400, 10164, "wrong last sequence")
 
 
 def _storage_failed(exc: BaseException) -> errors.ApiError:

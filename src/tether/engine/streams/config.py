@@ -112,6 +112,13 @@ class StreamConfig(msgspec.Struct, kw_only=True):
         out["allow_rollup_hdrs"] = self.allow_rollup_hdrs
         out["consumer_limits"] = dict(self.consumer_limits)
         out["allow_msg_ttl"] = self.allow_msg_ttl
+        # nats-server leaves these out when off.
+        if self.allow_msg_counter:
+            out["allow_msg_counter"] = True
+        if self.allow_atomic:
+            out["allow_atomic"] = True
+        if self.allow_msg_schedules:
+            out["allow_msg_schedules"] = True
         if self.metadata:
             out["metadata"] = dict(self.metadata)
         return out
@@ -125,9 +132,6 @@ _UNSUPPORTED = (
     ("republish", "republish"),
     ("subject_transform", "subject transforms"),
     ("subject_delete_marker_ttl", "subject delete markers"),
-    ("allow_msg_counter", "message counters"),
-    ("allow_atomic", "atomic batch publish"),
-    ("allow_msg_schedules", "message schedules"),
     ("allow_batched", "batch publish"),
     ("persist_mode", "persist modes"),
 )
@@ -221,6 +225,7 @@ def normalize(config: StreamConfig) -> StreamConfig:
         raise errors.invalid_stream_config("duplicates window can not be larger then max age")
     if 0 < cfg.duplicate_window < MIN_DUPLICATE_WINDOW:
         raise errors.invalid_stream_config("duplicates window needs to be >= 100ms")
+    _check_counters_and_schedules(cfg)
     if cfg.deny_purge and cfg.allow_rollup_hdrs:
         raise errors.invalid_stream_config("roll-ups require the purge permission")
     _check_discard_new_per_subject(cfg)
@@ -229,6 +234,25 @@ def normalize(config: StreamConfig) -> StreamConfig:
         if getattr(cfg, field):
             raise errors.invalid_stream_config(f"{feature} not supported by this server")
     return cfg
+
+
+def _check_counters_and_schedules(cfg: StreamConfig) -> None:
+    """Counters and schedules, with nats-server's refusals; schedules are stored as
+    roll-ups of their subject, so enabling them turns on what that needs."""
+    if cfg.allow_msg_counter:
+        if cfg.allow_msg_ttl:
+            raise errors.invalid_stream_config("counter stream cannot use message TTLs")
+        if cfg.discard == "new":
+            raise errors.invalid_stream_config("counter stream cannot use discard new")
+        if cfg.retention != "limits":
+            raise errors.invalid_stream_config("counter stream can only use limits retention")
+        if cfg.allow_msg_schedules:
+            raise errors.invalid_stream_config("counter stream cannot use message schedules")
+    if cfg.allow_msg_schedules:
+        if cfg.discard == "new":
+            raise errors.invalid_stream_config("message scheduling cannot use discard new")
+        cfg.allow_rollup_hdrs = True
+        cfg.deny_purge = False
 
 
 def _check_discard_new_per_subject(cfg: StreamConfig) -> None:
@@ -312,6 +336,12 @@ def check_update(old: StreamConfig, new: StreamConfig) -> None:
     if old.deny_purge and not new.deny_purge:
         raise errors.invalid_stream_config("stream configuration update can not cancel deny purge")
     _check_discard_new_per_subject(new)
+    if old.allow_msg_counter != new.allow_msg_counter:
+        raise errors.invalid_stream_config(
+            "stream configuration update can not change message counter setting"
+        )
+    if old.allow_msg_schedules and not new.allow_msg_schedules:
+        raise errors.invalid_stream_config("message schedules can not be disabled")
     if old.allow_msg_ttl and not new.allow_msg_ttl:
         raise errors.invalid_stream_config("message TTL status can not be disabled")
     if new.sealed:

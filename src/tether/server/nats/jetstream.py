@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from tether.engine import errors
-from tether.engine.broker import Broker
+from tether.engine.broker import Broker, PubAck
 from tether.engine.consumers import ConsumerRegistry
 from tether.engine.consumers.config import parse_rfc3339 as parse_time
 from tether.engine.jobs.view import owned_by_http
@@ -226,6 +226,14 @@ class JetStreamApi:
             if not answer:
                 self.broker.publish(stream, subject, headers, payload, None)
                 return
+            cfg = stream.config
+            if cfg.allow_atomic or cfg.allow_msg_counter:
+                # PubAcks with more than a sequence (a batch's, a counter's total).
+                def answered(result: PubAck | errors.ApiError) -> None:
+                    self._answer_extended(name, reply, result)
+
+                self.broker.publish(stream, subject, headers, payload, answered)
+                return
             self.broker.publish_reply(stream, subject, headers, payload, self, reply)
         except ValueError as exc:
             # A header value the engine could not read (every check runs before the
@@ -273,6 +281,25 @@ class JetStreamApi:
             self.router.publish_replies(replies, [body] * len(replies))
         else:
             self.router.publish_acks(replies, prefix, first_seq)
+
+    def _answer_extended(self, stream: str, reply: str, result: PubAck | errors.ApiError) -> None:
+        """A PubAck as nats-server writes one for a batch (``batch``, ``count``) or a
+        counter (``val``); a staged batch message gets an empty reply."""
+        if isinstance(result, errors.ApiError):
+            self.pub_failed(stream, [reply], result)
+            return
+        if result.staged:
+            self.router.publish(None, reply, "", None, b"")
+            return
+        if result.duplicate:
+            self.pub_acked(stream, result.seq, [reply], True)
+            return
+        body = b"%s%d" % (self._ack_prefix(stream), result.seq)
+        if result.batch:
+            body += b',"batch":%s,"count":%d' % (_encode_json(result.batch), result.count)
+        if result.val:
+            body += b',"val":"%s"' % result.val.encode()
+        self.router.publish(None, reply, "", None, body + b"}")
 
     def pub_failed(self, stream: str, replies: list[str], error: errors.ApiError) -> None:
         body = requests.encode_json({"error": error.to_dict(), "stream": stream, "seq": 0})

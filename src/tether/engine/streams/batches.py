@@ -1,0 +1,249 @@
+"""Atomic batch publish (ADR-50): messages staged per batch id, stored all or nothing.
+
+A publisher sends messages carrying ``Nats-Batch-Id`` and ``Nats-Batch-Sequence``
+(1, 2, … without gaps); the one carrying ``Nats-Batch-Commit: 1`` (stored too) or
+``Nats-Batch-Commit: eob`` (not stored) ends the batch. Until then nothing is stored:
+the messages wait here, in memory. At the commit the broker checks every message
+against the stream as it was before the batch, then appends them all in one
+synchronous call, so they all land in one group commit, which is one storage
+transaction: after a crash either the whole batch is there or none of it.
+
+The checks made while staging, their order, limits and errors are nats-server's
+(``processJetStreamAtomicBatchMsg``): see :meth:`AtomicBatches.stage`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tether.engine.clock import Clock, Timer
+from tether.engine.errors import ApiError
+
+BATCH_ID = b"Nats-Batch-Id"
+BATCH_SEQ = b"Nats-Batch-Sequence"
+BATCH_COMMIT = b"Nats-Batch-Commit"
+
+MAX_BATCH_ID_LEN = 64
+# nats-server's defaults (its ``jetstream`` block can change them; so can Tether's).
+MAX_BATCH_SIZE = 1000
+MAX_INFLIGHT_PER_STREAM = 50
+MAX_INFLIGHT_TOTAL = 1000
+BATCH_TIMEOUT_NS = 10 * 1_000_000_000
+
+
+def disabled() -> ApiError:
+    return ApiError(400, 10174, "atomic publish is disabled")
+
+
+def missing_sequence() -> ApiError:
+    return ApiError(400, 10175, "atomic publish sequence is missing")
+
+
+def incomplete() -> ApiError:
+    return ApiError(400, 10176, "atomic publish batch is incomplete")
+
+
+def unsupported_header(name: str) -> ApiError:
+    return ApiError(400, 10177, f"atomic publish unsupported header used: {name}")
+
+
+def invalid_id() -> ApiError:
+    return ApiError(400, 10179, "atomic publish batch ID is invalid")
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(400, 10199, f"atomic publish batch is too large: {limit}")
+
+
+def invalid_commit() -> ApiError:
+    return ApiError(400, 10200, "atomic publish batch commit is invalid")
+
+
+def duplicate_msg_id() -> ApiError:
+    return ApiError(400, 10201, "atomic publish batch contains duplicate message id")
+
+
+def too_many_inflight() -> ApiError:
+    return ApiError(429, 10210, "atomic publish too many inflight")
+
+
+def wrong_last_sequence_in_batch() -> ApiError:
+    # nats-server's JSStreamWrongLastSequenceConstantError: an expectation on a subject
+    # the batch itself already wrote to can never hold.
+    return ApiError(400, 10164, "wrong last sequence")
+
+
+@dataclass(slots=True)
+class Staged:
+    """One message waiting for its batch's commit."""
+
+    subject: str
+    headers: bytes
+    payload: bytes
+    fields: dict[bytes, bytes]
+
+
+@dataclass(slots=True)
+class Batch:
+    """An open batch of one stream."""
+
+    stream: str
+    id: str
+    msgs: list[Staged] = field(default_factory=list)
+    last_ns: int = 0
+    timer: Timer | None = None
+
+
+@dataclass(slots=True)
+class BatchLimits:
+    max_size: int = MAX_BATCH_SIZE
+    inflight_per_stream: int = MAX_INFLIGHT_PER_STREAM
+    inflight_total: int = MAX_INFLIGHT_TOTAL
+    timeout_ns: int = BATCH_TIMEOUT_NS
+
+
+def with_commit_header(headers: bytes) -> bytes:
+    """``headers`` plus ``Nats-Batch-Commit: 1`` (the last stored message of a batch
+    ended by ``eob`` carries it, as on nats-server)."""
+    if not headers:
+        return b"NATS/1.0\r\nNats-Batch-Commit: 1\r\n\r\n"
+    body = headers[:-2] if headers.endswith(b"\r\n\r\n") else headers + b"\r\n"
+    return body + b"Nats-Batch-Commit: 1\r\n\r\n"
+
+
+class AtomicBatches:
+    """Every open atomic batch, by stream and id, with nats-server's limits.
+
+    ``on_abandoned(batch, reason)`` hears about a batch dropped without a commit
+    (``timeout``, ``large``, ``incomplete``); nobody is answered then, as on nats-server.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        limits: BatchLimits | None = None,
+        on_abandoned: Callable[[Batch, str], None] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.limits = limits or BatchLimits()
+        self._open: dict[tuple[str, str], Batch] = {}
+        self._per_stream: dict[str, int] = {}
+        self._on_abandoned = on_abandoned
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def inflight(self, stream: str) -> int:
+        return self._per_stream.get(stream, 0)
+
+    def stage(
+        self,
+        stream: str,
+        allow_atomic: bool,
+        subject: str,
+        headers: bytes,
+        payload: bytes,
+        fields: dict[bytes, bytes],
+    ) -> tuple[Batch, list[Staged], bool] | None:
+        """Take one batch message; raises :class:`ApiError` in nats-server's order.
+
+        Returns None while the batch goes on (the publisher gets an empty reply), or at
+        the commit ``(batch, messages to store, ended by eob)``; the batch is then no
+        longer open whatever its commit's outcome. An error ends the batch.
+        """
+        if not allow_atomic:
+            raise disabled()
+        raw_id = fields[BATCH_ID]
+        if len(raw_id) > MAX_BATCH_ID_LEN:
+            raise invalid_id()
+        batch_id = raw_id.decode("utf-8", "surrogateescape")
+        raw_seq = fields.get(BATCH_SEQ)
+        seq = _batch_seq(raw_seq)
+        if seq is None:
+            raise missing_sequence()
+        key = (stream, batch_id)
+        batch = self._open.get(key)
+        limits = self.limits
+        if batch is None and seq != 1:
+            if seq > limits.max_size:
+                raise too_large(limits.max_size)
+            raise incomplete()
+        if batch is None and (
+            self._per_stream.get(stream, 0) >= limits.inflight_per_stream
+            or len(self._open) >= limits.inflight_total
+        ):
+            raise too_many_inflight()
+        commit = fields.get(BATCH_COMMIT)
+        try:
+            if commit is not None and commit not in (b"1", b"eob"):
+                raise invalid_commit()
+            expected = len(batch.msgs) + 1 if batch is not None else 1
+            if seq != expected or (commit == b"eob" and seq == 1):
+                raise incomplete()
+            if seq > limits.max_size:
+                raise too_large(limits.max_size)
+        except ApiError:
+            if batch is not None:
+                self._close(batch)
+            raise
+        now = self.clock.now()
+        if batch is None:
+            batch = self._open[key] = Batch(stream, batch_id)
+            self._per_stream[stream] = self._per_stream.get(stream, 0) + 1
+            batch.timer = self.clock.call_later(limits.timeout_ns / 1e9, lambda: self._idle(key))
+        batch.last_ns = now
+        if commit == b"eob":
+            self._close(batch)
+            msgs = batch.msgs
+            last = msgs[-1]
+            last.headers = with_commit_header(last.headers)
+            return batch, msgs, True
+        batch.msgs.append(Staged(subject, headers, payload, fields))
+        if commit is not None:
+            self._close(batch)
+            return batch, batch.msgs, False
+        return None
+
+    def drop_stream(self, stream: str) -> None:
+        """The stream is gone: its open batches with it."""
+        for batch in [b for b in self._open.values() if b.stream == stream]:
+            self._close(batch)
+
+    def close(self) -> None:
+        for batch in list(self._open.values()):
+            self._close(batch)
+
+    def _close(self, batch: Batch) -> None:
+        if self._open.pop((batch.stream, batch.id), None) is None:
+            return
+        left = self._per_stream.get(batch.stream, 1) - 1
+        if left:
+            self._per_stream[batch.stream] = left
+        else:
+            self._per_stream.pop(batch.stream, None)
+        if batch.timer is not None:
+            batch.timer.cancel()
+            batch.timer = None
+
+    def _idle(self, key: tuple[str, str]) -> None:
+        batch = self._open.get(key)
+        if batch is None:
+            return
+        batch.timer = None
+        # One timer per batch, moved on only when it fires: cheaper than re-arming it
+        # for every message of a busy batch.
+        left = batch.last_ns + self.limits.timeout_ns - self.clock.now()
+        if left > 0:
+            batch.timer = self.clock.call_later(left / 1e9, lambda: self._idle(key))
+            return
+        self._close(batch)
+        if self._on_abandoned is not None:
+            self._on_abandoned(batch, "timeout")
+
+
+def _batch_seq(raw: bytes | None) -> int | None:
+    """``Nats-Batch-Sequence`` as nats-server reads it: ASCII digits, else missing."""
+    if not raw or len(raw) > 19 or not raw.isdigit():
+        return None
+    return int(raw)
