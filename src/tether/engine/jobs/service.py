@@ -73,6 +73,10 @@ def channel_id(stream: str) -> str:
     return stream.removeprefix(STREAM_PREFIX)
 
 
+# The key of the webhook-broker's scheduled messages in the broker's timetable.
+_SCHEDULED = ("http-scheduled",)
+
+
 class DuplicateMessage(Exception):
     """``X-Broker-Message-ID`` already used in the channel (409)."""
 
@@ -118,7 +122,6 @@ class WebhookService:
         self._flush_waiters: list[asyncio.Future[StorageError | None]] = []
         self._saved_revision: dict[tuple[str, str], int] = {}
         self._stopped = False
-        self._sched_timer: Timer | None = None
         self._index_tasks: set[asyncio.Task[None]] = set()
         # Set by the server: a consumer has ready jobs / a consumer was added or changed.
         self.on_ready: Callable[[Consumer], None] | None = None
@@ -146,9 +149,9 @@ class WebhookService:
         self._flush()
         for view in self.views.values():
             view.consumer.on_available = None
-        for timer in (self._flush_timer, self._sched_timer):
-            if timer is not None:
-                timer.cancel()
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+        self.broker.timetable.cancel(_SCHEDULED)
         for task in self._index_tasks:
             task.cancel()
 
@@ -531,16 +534,14 @@ class WebhookService:
         self._arm_scheduler()
 
     def _arm_scheduler(self) -> None:
+        # The broker's timetable holds every delayed delivery (stream schedules too).
         due = [s.due_ns for s in self.registry.scheduled.values() if not s.dispatched_ns]
-        if self._sched_timer is not None:
-            self._sched_timer.cancel()
-            self._sched_timer = None
-        if due:
-            delay = max(0.0, (min(due) - self.clock.now()) / 1e9)
-            self._sched_timer = self.clock.call_later(delay, self._on_schedule)
+        if due and not self._stopped:
+            self.broker.timetable.set(_SCHEDULED, min(due), self._on_schedule)
+        else:
+            self.broker.timetable.cancel(_SCHEDULED)
 
     def _on_schedule(self) -> None:
-        self._sched_timer = None
         self._spawn(self._dispatch_due())
 
     async def _dispatch_due(self) -> None:
