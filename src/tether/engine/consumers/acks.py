@@ -8,6 +8,7 @@ gives up on it too, and is kept as a dead letter that can be requeued.
 
 from __future__ import annotations
 
+import random
 from typing import Any, Generic
 
 from tether.engine.clock import Clock, Timer
@@ -38,7 +39,9 @@ class AckHandling(Generic[Me]):
     max_deliver: int
     max_ack_pending: int
     priority_order: bool
+    sample_freq: int
     last_ack_ns: int
+    acked_count: int
     _changed: bool
     _last_activity: int
     _ack_timer: Timer | None
@@ -57,6 +60,9 @@ class AckHandling(Generic[Me]):
     def _advisory(self, kind: str, type_: str, fields: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _event(self, subject: str, type_: str, fields: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     # -- acks -------------------------------------------------------------------------------------------------
     def ack(self, seq: int) -> None:
         """``+ACK`` (or ``+NXT``): the message is done."""
@@ -66,6 +72,8 @@ class AckHandling(Generic[Me]):
         max_ack_pending = self.max_ack_pending
         stalled = max_ack_pending and len(state.pending) >= max_ack_pending
         acked: list[int] | None = None  # None: just ``seq`` (no list built per ack)
+        if self.sample_freq and not self.ack_all:
+            self._sample_ack(seq)
         if self.ack_all:
             floor = self.ack_floor[1]
             if seq <= floor:
@@ -76,6 +84,7 @@ class AckHandling(Generic[Me]):
                 return
             state.rdc.pop(seq, None)  # a late ack for a dead message still means it was processed
         self.last_ack_ns = self._last_activity = self.clock.now()
+        self.acked_count += 1 if acked is None else len(acked)
         if not self._changed:
             self._changed_state()
         if self.notify_acks:
@@ -85,6 +94,26 @@ class AckHandling(Generic[Me]):
                 self.host.consumer_acked(self._me, acked)
         if stalled:
             self.pump()
+
+    def _sample_ack(self, seq: int) -> None:
+        """``sample_freq``: an explicit ack of an outstanding delivery is reported on
+        ``$JS.EVENT.METRIC.CONSUMER.ACK`` that often (in percent), as nats-server does."""
+        entry = self.state.pending.get(seq)
+        if entry is None or (self.sample_freq < 100 and random.randrange(100) > self.sample_freq):
+            return
+        self._event(
+            f"$JS.EVENT.METRIC.CONSUMER.ACK.{self.stream.name}.{self._me_name()}",
+            "io.nats.jetstream.metric.v1.consumer_ack",
+            {
+                "consumer_seq": entry[0],
+                "stream_seq": seq,
+                "ack_time": self.clock.now() - entry[1],
+                "deliveries": self.state.deliveries(seq),
+            },
+        )
+
+    def _me_name(self) -> str:
+        raise NotImplementedError
 
     def nak(self, seq: int, delay_ns: int = 0) -> None:
         """``-NAK``: redeliver now, or after ``delay_ns``."""

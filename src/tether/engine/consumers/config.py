@@ -34,6 +34,11 @@ DeliverPolicy = Literal[
 ]
 AckPolicy = Literal["none", "all", "explicit"]
 ReplayPolicy = Literal["instant", "original"]
+PriorityPolicy = Literal["none", "overflow", "pinned_client", "prioritized"]
+DEFAULT_PINNED_TTL = 120 * NS  # nats-server's JsDefaultPinnedTTL
+MAX_METADATA = 128 * 1024  # JSMaxMetadataLen: keys plus values
+# nats-server's validGroupName: 1 to 16 of these, nothing else.
+GROUP_NAME = re.compile(r"[a-zA-Z0-9/_=-]{1,16}")
 
 
 class ConsumerConfig(msgspec.Struct, kw_only=True):
@@ -71,6 +76,10 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
     direct: bool = False
     metadata: dict[str, str] | None = None
     pause_until: str | None = None
+    sourcing: bool = False
+    priority_groups: list[str] = msgspec.field(default_factory=list)
+    priority_policy: PriorityPolicy = "none"
+    priority_timeout: int = 0
     priority_order: bool = False
 
     @property
@@ -92,9 +101,13 @@ class ConsumerConfig(msgspec.Struct, kw_only=True):
         out: dict[str, Any] = {}
         for field in self.__struct_fields__:
             value = getattr(self, field)
-            if field in _ALWAYS or value:
+            if field in _ALWAYS or (value and value != "none"):
                 out[field] = value if not isinstance(value, list) else list(value)
         return out
+
+    @property
+    def has_priority_groups(self) -> bool:
+        return self.priority_policy != "none"
 
 
 # Fields nats-server writes even when zero.
@@ -107,6 +120,7 @@ class CreateRequest(msgspec.Struct):
     stream_name: str = ""
     config: ConsumerConfig = msgspec.field(default_factory=ConsumerConfig)
     action: str = ""
+    pedantic: bool = False
 
 
 _request_decoder = msgspec.json.Decoder(CreateRequest)
@@ -229,34 +243,72 @@ def parse_rfc3339(text: str) -> int:
 # -- defaults and validation -------------------------------------------------------------------
 
 
-def apply_defaults(config: ConsumerConfig, stream: StreamConfig) -> ConsumerConfig:
-    """Fill defaults exactly as nats-server's ``setConsumerConfigDefaults``."""
+def pedantic_error(detail: str) -> ApiError:
+    return _e(400, 10157, f"pedantic mode: {detail}")
+
+
+def apply_defaults(
+    config: ConsumerConfig, stream: StreamConfig, pedantic: bool = False
+) -> ConsumerConfig:
+    """Fill defaults exactly as nats-server's ``setConsumerConfigDefaults``.
+
+    With ``pedantic`` (the create request's flag) every value nats-server would quietly
+    fix is refused instead, with its 10157 texts.
+    """
     if config.max_deliver == 0 or config.max_deliver < -1:
+        if pedantic and config.max_deliver < -1:
+            raise pedantic_error("max_deliver must be set to -1")
         config.max_deliver = -1
-    config.max_waiting = max(config.max_waiting, 0)
+    if config.max_ack_pending < -1 and pedantic:
+        raise pedantic_error("max_ack_pending must be set to -1")
+    for field, name in _NOT_NEGATIVE:
+        if getattr(config, field) < 0:
+            if pedantic:
+                raise pedantic_error(f"{name} must not be negative")
+            setattr(config, field, 0)
     if config.max_ack_pending < -1:
         config.max_ack_pending = -1
-    config.max_batch = max(config.max_batch, 0)
-    config.max_expires = max(config.max_expires, 0)
-    config.max_bytes = max(config.max_bytes, 0)
-    config.idle_heartbeat = max(config.idle_heartbeat, 0)
-    config.inactive_threshold = max(config.inactive_threshold, 0)
     if not config.deliver_subject and config.max_waiting == 0:
         config.max_waiting = DEFAULT_MAX_WAITING
     if config.ack_wait == 0 and config.ack_policy in ("explicit", "all"):
         config.ack_wait = DEFAULT_ACK_WAIT
     if config.backoff:
+        if pedantic and config.ack_wait != config.backoff[0]:
+            raise pedantic_error("first backoff value has to equal batch AckWait")
         config.ack_wait = config.backoff[0]
     limits = stream.consumer_limits or {}
     if config.max_ack_pending == 0:
-        config.max_ack_pending = int(limits.get("max_ack_pending") or 0)
+        limit = int(limits.get("max_ack_pending") or 0)
+        if pedantic and limit > 0:
+            raise pedantic_error("max_ack_pending must be set if it's configured in stream limits")
+        config.max_ack_pending = limit
     if config.inactive_threshold == 0:
-        config.inactive_threshold = int(limits.get("inactive_threshold") or 0)
+        limit = int(limits.get("inactive_threshold") or 0)
+        if pedantic and limit > 0:
+            raise pedantic_error(
+                "inactive_threshold must be set if it's configured in stream limits"
+            )
+        config.inactive_threshold = limit
     if config.max_ack_pending == 0 and config.ack_policy != "none":
         config.max_ack_pending = DEFAULT_MAX_ACK_PENDING
     if not config.durable_name and config.inactive_threshold == 0:
         config.inactive_threshold = DEFAULT_INACTIVE_THRESHOLD
+    if config.priority_policy == "pinned_client" and config.priority_timeout == 0:
+        config.priority_timeout = DEFAULT_PINNED_TTL
     return config
+
+
+# Fields nats-server sets to 0 when negative (in its order), with their names in its
+# pedantic errors.
+_NOT_NEGATIVE = (
+    ("max_waiting", "max_waiting"),
+    ("max_batch", "max_batch"),
+    ("max_expires", "max_expires"),
+    ("max_bytes", "max_bytes"),
+    ("idle_heartbeat", "idle_heartbeat"),
+    ("inactive_threshold", "inactive_threshold"),
+    ("priority_timeout", "priority_timeout"),
+)
 
 
 def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
@@ -287,6 +339,11 @@ def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
         raise _e(400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified")
     if any(f == "" for f in config.filter_subjects):
         raise _e(400, 10139, "consumer filter in FilterSubjects cannot be empty")
+    if config.direct:
+        if not config.deliver_subject:
+            raise _e(400, 10090, "consumer direct requires a push based consumer")
+        if config.durable_name:
+            raise _e(400, 10091, "consumer direct requires an ephemeral consumer")
     filters = config.filters
     for i, f in enumerate(filters):
         if not is_valid_filter(f):
@@ -307,6 +364,9 @@ def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
         raise _e(400, 10108, "consumer with flow control also needs heartbeats")
     if config.durable_name and config.name and config.name != config.durable_name:
         raise _e(400, 10132, "Consumer Durable and Name have to be equal if both are provided")
+    if config.metadata and sum(len(k) + len(v) for k, v in config.metadata.items()) > MAX_METADATA:
+        raise _e(400, 10135, "consumer metadata exceeds maximum size of 128KB")
+    _validate_priority(config)
     for field in ("opt_start_time", "pause_until"):
         value = getattr(config, field)
         if value is not None:
@@ -314,6 +374,51 @@ def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
                 parse_rfc3339(value)
             except ValueError:
                 raise errors.invalid_json(f"parsing time {value!r}") from None
+    _refuse_unsupported(config)
+
+
+def _validate_priority(config: ConsumerConfig) -> None:
+    """Priority groups (ADR-42), checked as nats-server's ``checkConsumerCfg``."""
+    if config.priority_policy != "none":
+        if config.deliver_subject:
+            raise _e(400, 10178, "priority groups can not be used with push consumers")
+        if not config.priority_groups:
+            raise _e(
+                400, 10159, "Setting PriorityPolicy requires at least one PriorityGroup to be set"
+            )
+        for group in config.priority_groups:
+            if not group:
+                raise _e(400, 10161, "Group name cannot be an empty string")
+            if not GROUP_NAME.fullmatch(group):
+                raise invalid_group_name()
+    else:
+        if config.priority_groups:
+            raise _e(400, 10196, "consumer can not have priority groups when policy is none")
+        if config.priority_timeout > 0:
+            raise _e(400, 10197, "PinnedTTL cannot be set when PriorityPolicy is none")
+
+
+def invalid_group_name() -> ApiError:
+    return _e(
+        400,
+        10162,
+        "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed "
+        "16 characters",
+    )
+
+
+def _refuse_unsupported(config: ConsumerConfig) -> None:
+    """What nats-server accepts but Tether does not do: refused, never dropped.
+
+    ``sourcing`` is refused as invalid JSON (10025) on purpose: that is the answer on
+    which a nats-server mirror or source retries its consumer without the flag.
+    """
+    if config.sourcing:
+        raise errors.invalid_json("sourcing consumers are not supported by this server")
+    if config.replay_policy == "original":
+        raise errors.invalid_stream_config("replay policy original is not supported by this server")
+    if config.rate_limit_bps > 0:
+        raise errors.invalid_stream_config("consumer rate limit is not supported by this server")
 
 
 def _validate_push(config: ConsumerConfig, stream: StreamConfig) -> None:
@@ -422,3 +527,5 @@ def check_update(old: ConsumerConfig, new: ConsumerConfig, deliver_bound: bool) 
             raise consumer_name_in_use()
     if old.max_waiting != new.max_waiting:
         raise update_refused("max waiting can not be updated")
+    if new.backoff and new.max_deliver != -1 and len(new.backoff) > new.max_deliver:
+        raise _e(400, 10116, "max deliver is required to be > length of backoff values")

@@ -32,6 +32,7 @@ from tether.engine.consumers.cursor import (
     SequenceCursor,
     StreamHead,
     make_cursor,
+    start_position,
 )
 from tether.engine.consumers.delivery_state import (
     DeadLetter,
@@ -39,6 +40,7 @@ from tether.engine.consumers.delivery_state import (
     SavedState,
 )
 from tether.engine.consumers.job_control import JobControl
+from tether.engine.consumers.priority import PriorityGroups
 from tether.engine.consumers.pull import PullDelivery
 from tether.engine.consumers.pull_queue import PullRequest
 from tether.engine.consumers.push import FC_START, PushDelivery
@@ -83,6 +85,9 @@ class Consumer(
         self.dseq = 0
         self.last_delivered_ns = 0
         self.last_ack_ns = 0
+        # Since this process started (a Prometheus counter may restart from zero).
+        self.acked_count = 0
+        self.redelivered_count = 0
         self.push_active = False
         # Set when another front door owns the consumer (the webhook-broker HTTP API):
         # nothing is delivered over NATS, and this is called whenever messages may have
@@ -107,6 +112,9 @@ class Consumer(
         self._fcid = ""
         self._fcsz = 0
         self.config = config
+        self.priority: PriorityGroups | None = None
+        # Extra header lines of the message being handed to the sink (a pin id).
+        self.delivery_headers = b""
         self._apply_config(config)
         self.cursor: SequenceCursor | PriorityCursor = make_cursor(stream, head, config, saved)
         if saved is not None:
@@ -136,10 +144,31 @@ class Consumer(
         self.max_ack_pending = max(config.max_ack_pending, 0) if not self.ack_none else 0
         self.max_waiting = config.max_waiting
         self.priority_order = config.priority_order
+        freq = config.sample_freq.removesuffix("%")
+        self.sample_freq = int(freq) if freq else 0
         self._key_mod = PRIORITY_KEY if config.priority_order else 0
         self._ack_format = ack_format(self.stream.name, self.name)
         self._ack_first = first_delivery_format(self.stream.name, self.name)
         self.paused_until = parse_rfc3339(config.pause_until) if config.pause_until else 0
+        if config.priority_policy == "none":
+            if self.priority is not None:
+                self.priority.close()
+                self.priority = None
+        elif self.priority is None:
+            self.priority = PriorityGroups(config, self.clock, self._pin_event, self.pump)
+        else:
+            self.priority.configure(config)
+
+    def _pin_event(self, kind: str, fields: dict[str, str]) -> None:
+        type_ = "consumer_group_pinned" if kind == "PINNED" else "consumer_group_unpinned"
+        self._advisory(kind, type_, fields)
+
+    def unpin(self, group: str) -> None:
+        """``CONSUMER.UNPIN``: the pin is dropped; the next request without an id gets
+        a new one."""
+        if self.priority is not None:
+            self.priority.unpin(group, "admin")
+        self.pump()
 
     def update_config(self, config: ConsumerConfig) -> None:
         """Apply an allowed update (the registry checked it)."""
@@ -344,6 +373,7 @@ class Consumer(
         self.dseq += 1
         self.last_delivered_ns = now
         if redelivery:
+            self.redelivered_count += 1
             state.pop_queued(seq)
             dc = state.count_redelivery(seq)
             state.track(seq, self.dseq, now)
@@ -360,6 +390,59 @@ class Consumer(
                 state.track(seq, self.dseq, now)
                 self._arm_ack_timer(now + self.ack_wait)
         self._changed_state()
+
+    # -- reset ----------------------------------------------------------------------------------------
+    def reset(self, seq: int) -> int:
+        """``CONSUMER.RESET`` (ADR-60): start again at ``seq`` (0: the ack floor + 1).
+
+        Every outstanding delivery, redelivery and dead letter is forgotten and the
+        consumer sequence starts over, as on nats-server. A consumer that delivers all
+        messages may go anywhere; one that starts at a sequence or time may not go below
+        it; others may only go back to their ack floor. Raises ``ValueError`` with
+        nats-server's reason otherwise. Returns the sequence it starts at.
+        """
+        cfg = self.config
+        match = Matcher(cfg.filters, self.stream.config.subjects)
+        if seq <= 0:
+            seq = self.ack_floor[1] + 1
+        elif cfg.deliver_policy == "by_start_sequence":
+            if seq < cfg.opt_start_seq:
+                raise ValueError("below start seq")
+        elif cfg.deliver_policy == "by_start_time":
+            if seq < start_position(self.stream, self.head, cfg, match)[0]:
+                raise ValueError("below start time")
+        elif cfg.deliver_policy != "all":
+            raise ValueError("not allowed")
+        seq = max(seq, 1)
+        old_floor = self.ack_floor[1]
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+            self._ack_timer_at = 0
+        self.state = DeliveryState()
+        self.dseq = 0
+        self.last_delivered_ns = self.last_ack_ns = 0
+        self._stalled = False
+        if isinstance(self.cursor, PriorityCursor):
+            self.cursor = PriorityCursor(self.stream, self.head, match, seq)
+        else:
+            self.cursor = SequenceCursor(self.stream, self.head, match, seq)
+        if self.notify_acks and seq - 1 > old_floor:
+            # Interest and work queue streams: what the consumer jumped over is done
+            # with, as if acked (nats-server checks the stream's interest the same way).
+            meta_of = self.stream.meta
+            skipped: list[int] = []
+            for s in self.stream.seqs(old_floor + 1):
+                if s >= seq:
+                    break
+                meta = meta_of(s)
+                if meta is not None and match(meta.subject):
+                    skipped.append(s)
+            if skipped:
+                self.host.consumer_acked(self, skipped)
+        self._changed_state()
+        self.pump()
+        return seq
 
     # -- heartbeats ---------------------------------------------------------------------------------
     def _heartbeat_block(self) -> bytes:
@@ -421,6 +504,8 @@ class Consumer(
     def close(self, notify: bool = True) -> None:
         """The consumer is deleted: waiting requests hear ``409 Consumer Deleted``."""
         self.deleted = True
+        if self.priority is not None:
+            self.priority.close()
         for req in list(self.waiting):
             self._finish(req, pq.CONSUMER_DELETED if notify else None)
         for timer in (self._ack_timer, self._idle_timer, self._hb_timer, self._pause_timer):
@@ -433,17 +518,19 @@ class Consumer(
 
     def _advisory(self, kind: str, type_: str, fields: dict[str, Any]) -> None:
         subject = f"$JS.EVENT.ADVISORY.CONSUMER.{kind}.{self.stream.name}.{self.name}"
+        self._event(subject, f"io.nats.jetstream.advisory.v1.{type_}", fields)
+
+    def _event(self, subject: str, type_: str, fields: dict[str, Any]) -> None:
+        """An advisory or metric on ``subject``, sent only when someone listens."""
         if not self.sink.has_interest(subject):
             return
         self.sink.advisory(
             subject,
-            {
-                "type": f"io.nats.jetstream.advisory.v1.{type_}",
-                "stream": self.stream.name,
-                "consumer": self.name,
-                **fields,
-            },
+            {"type": type_, "stream": self.stream.name, "consumer": self.name, **fields},
         )
+
+    def _me_name(self) -> str:
+        return self.name
 
     def __repr__(self) -> str:
         return f"Consumer({self.stream.name!r}, {self.name!r})"

@@ -18,6 +18,13 @@ from tether.engine.consumers import pull_queue as pq
 from tether.engine.consumers.config import ConsumerConfig
 from tether.engine.consumers.cursor import PriorityCursor, SequenceCursor
 from tether.engine.consumers.delivery_state import DeliveryState
+from tether.engine.consumers.priority import (
+    WRONG_PIN_ID_T,
+    PriorityGroups,
+    Verdict,
+    insert_by_priority,
+    request_error,
+)
 from tether.engine.consumers.pull_queue import PullRequest, PullRequestError
 from tether.engine.consumers.sinks import DeliverySink, Me, RunSink
 from tether.storage.base import MessageMeta
@@ -45,6 +52,8 @@ class PullDelivery(Generic[Me]):
     ack_none: bool
     ack_wait: int
     max_ack_pending: int
+    priority: PriorityGroups | None
+    delivery_headers: bytes
     dseq: int
     last_delivered_ns: int
     _ack_first: str
@@ -99,6 +108,28 @@ class PullDelivery(Generic[Me]):
             text = f"Exceeded MaxRequestMaxBytes of {cfg.max_bytes}"
             sink.control(self._me, reply, pq.conflict(text))
             return
+        json_body = body.lstrip()[:1] == b"{"
+        if json_body:
+            why = request_error(
+                cfg, req.group, req.min_pending, req.min_ack_pending, req.id, req.priority
+            )
+            if why:
+                sink.control(self._me, reply, pq.bad_request(why))
+                return
+        request = PullRequest(reply, batch)
+        if json_body:
+            request.has_group = True
+            request.group = req.group
+            request.min_pending = req.min_pending
+            request.min_ack_pending = req.min_ack_pending
+            request.pin_id = req.id
+            request.priority = req.priority
+        priority = self.priority
+        if priority is not None:
+            block = priority.on_request(request)
+            if block is not None:
+                sink.control(self._me, reply, block)
+                return
         now = self.clock.now()
         self._last_activity = now
         if req.expires < 0:
@@ -120,16 +151,15 @@ class PullDelivery(Generic[Me]):
             if not req.idle_heartbeat:
                 sink.control(self._me, reply, pq.EXCEEDED_MAX_WAITING)
             return
-        request = PullRequest(
-            reply,
-            batch,
-            now + req.expires if req.expires > 0 else 0,
-            max(req.max_bytes, 0),
-            req.no_wait,
-            req.idle_heartbeat,
-        )
+        request.expires_at = now + req.expires if req.expires > 0 else 0
+        request.max_bytes = request.bytes_left = max(req.max_bytes, 0)
+        request.no_wait = req.no_wait
+        request.heartbeat = req.idle_heartbeat
         request.queued = True
-        self.waiting.append(request)
+        if priority is not None and priority.prioritized:
+            insert_by_priority(self.waiting, request)
+        else:
+            self.waiting.append(request)
         self.pump()
         if request.queued:
             self._arm_request(request, now)
@@ -208,10 +238,25 @@ class PullDelivery(Generic[Me]):
                 return
             meta, redelivery = got
             reply = self._prepare(meta, redelivery)
-            req = self._take_request(meta.size - 16 + len(reply), now)
+            size = meta.size - 16 + len(reply)
+            priority = self.priority
+            if priority is None:
+                req = self._take_request(size, now)
+            else:
+                pending = self.cursor.num_pending + (1 if redelivery else 0)
+                req = self._take_group_request(priority, size, now, pending)
             if req is None:
+                if waiting:
+                    # Messages, but no request may have them now (priority groups):
+                    # one-shot requests end as at the end of the stream.
+                    self._end_of_stream()
                 return
-            sink.deliver(self._me, req.reply, meta, reply)
+            if priority is not None and priority.pinned:
+                self.delivery_headers = priority.delivery_header()
+                sink.deliver(self._me, req.reply, meta, reply)
+                self.delivery_headers = b""
+            else:
+                sink.deliver(self._me, req.reply, meta, reply)
             self._commit(meta, redelivery, now)
             req.batch -= 1
             req.delivered += 1
@@ -221,7 +266,12 @@ class PullDelivery(Generic[Me]):
                 left = req.bytes_left if req.max_bytes else 0
                 self._finish(req, pq.batch_completed(0, left) if left > 0 else None)
             elif len(waiting) > 1:
-                waiting.rotate(-1)
+                if priority is not None and priority.prioritized:
+                    # To the back of its own priority: FIFO within a priority.
+                    waiting.popleft()
+                    insert_by_priority(waiting, req)
+                else:
+                    waiting.rotate(-1)
 
     def _deliver_run(self, now: int) -> bool:
         """Deliver a run of new messages to plain waiting requests; False if the next
@@ -239,7 +289,12 @@ class PullDelivery(Generic[Me]):
         """
         state = self.state
         cursor = self.cursor
-        if state.queued or self.ack_none or not isinstance(cursor, SequenceCursor):
+        if (
+            state.queued
+            or self.ack_none
+            or self.priority is not None
+            or not isinstance(cursor, SequenceCursor)
+        ):
             return False
         waiting = self.waiting
         has_interest = self.sink.has_interest
@@ -321,6 +376,46 @@ class PullDelivery(Generic[Me]):
                 continue
             if req.max_bytes:
                 if size > req.bytes_left:
+                    self._finish(req, pq.size_exceeds_max_bytes(req.batch, req.bytes_left))
+                    continue
+                req.bytes_left -= size
+                if req.bytes_left == 0:
+                    req.batch = 1
+            if not has_interest(req.reply):
+                self._finish(req, None)
+                continue
+            return req
+        return None
+
+    def _take_group_request(
+        self, priority: PriorityGroups, size: int, now: int, num_pending: int
+    ) -> PullRequest | None:
+        """:meth:`_take_request` for a consumer with priority groups: requests the
+        policy holds back are passed over (and stay), stale pins end with ``423``."""
+        waiting = self.waiting
+        has_interest = self.sink.has_interest
+        ack_pending = len(self.state.pending)
+        skipped = 0
+        while waiting:
+            req = waiting[0]
+            if req.expires_at and now >= req.expires_at:
+                self._finish(req, pq.request_timeout(req.batch, req.bytes_left))
+                continue
+            had_pin = bool(priority.pin_id)
+            verdict = priority.verdict(req, num_pending, ack_pending)
+            if verdict is Verdict.WRONG_PIN:
+                self._finish(req, WRONG_PIN_ID_T % (req.batch, req.bytes_left))
+                continue
+            if verdict is Verdict.SKIP:
+                waiting.rotate(-1)
+                skipped += 1
+                if skipped >= len(waiting):
+                    return None
+                continue
+            if req.max_bytes:
+                if size > req.bytes_left:
+                    if priority.pin_id and not had_pin:
+                        priority.release()
                     self._finish(req, pq.size_exceeds_max_bytes(req.batch, req.bytes_left))
                     continue
                 req.bytes_left -= size

@@ -101,6 +101,12 @@ class NextRequest(msgspec.Struct):
     no_wait: bool = False
     max_bytes: _Int64 = 0
     idle_heartbeat: _Int64 = 0
+    # Priority groups (ADR-42).
+    group: str = ""
+    min_pending: _Int64 = 0
+    min_ack_pending: _Int64 = 0
+    id: str = ""
+    priority: _Int64 = 0
 
 
 _next_decoder = msgspec.json.Decoder(NextRequest)
@@ -162,11 +168,17 @@ class PullRequest:
         "bytes_left",
         "delivered",
         "expires_at",
+        "group",
+        "has_group",
         "hb_next",
         "hb_timer",
         "heartbeat",
         "max_bytes",
+        "min_ack_pending",
+        "min_pending",
         "no_wait",
+        "pin_id",
+        "priority",
         "queued",
         "reply",
         "timer",
@@ -193,6 +205,14 @@ class PullRequest:
         self.queued = False
         self.timer: Timer | None = None
         self.hb_timer: Timer | None = None
+        # Priority groups: set from a JSON request (``has_group``); a bare batch number
+        # has none and the lowest priority.
+        self.has_group = False
+        self.group = ""
+        self.min_pending = 0
+        self.min_ack_pending = 0
+        self.pin_id = ""
+        self.priority = (1 << 31) - 1
 
     def cancel_timers(self) -> None:
         if self.timer is not None:

@@ -168,16 +168,22 @@ class ConsumerRegistry:
         return sorted(self.streams.get(stream, {}).values(), key=lambda c: c.name)
 
     async def create(
-        self, stream_name: str, config: ConsumerConfig, action: str = "", activate: bool = True
+        self,
+        stream_name: str,
+        config: ConsumerConfig,
+        action: str = "",
+        activate: bool = True,
+        pedantic: bool = False,
     ) -> tuple[Consumer, bool]:
         """Create a consumer, or update one (``action``: ``""``, ``create`` or ``update``).
 
         A new push consumer starts delivering at once unless ``activate`` is False; then
-        the caller calls :meth:`activate` (after replying, as nats-server does).
+        the caller calls :meth:`activate` (after replying, as nats-server does). With
+        ``pedantic``, values nats-server would adjust are refused instead.
         """
         stream = self.broker.get_stream(stream_name)
         scfg = stream.config
-        apply_defaults(config, scfg)
+        apply_defaults(config, scfg, pedantic)
         validate(config, scfg)
         consumers = self.streams.setdefault(stream.name, {})
         name = config.durable_name or config.name
@@ -267,6 +273,15 @@ class ConsumerRegistry:
         consumer.pause(until_ns)
         await self._durable(self._put(consumer))
         return consumer
+
+    async def reset(self, consumer: Consumer, seq: int) -> int:
+        """``CONSUMER.RESET``: see :meth:`Consumer.reset`; answered once saved."""
+        try:
+            seq = consumer.reset(seq)
+        except ValueError as exc:
+            raise errors.ApiError(400, 10204, f"invalid reset: {exc}") from None
+        await self._durable(self._put(consumer))
+        return seq
 
     def _remove(self, consumer: Consumer, notify: bool = True) -> asyncio.Future[None]:
         stream = consumer.stream

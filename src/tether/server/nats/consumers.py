@@ -20,7 +20,7 @@ import logging
 import secrets
 import string
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
@@ -28,12 +28,14 @@ from tether.engine import errors
 from tether.engine.consumers import Consumer, ConsumerRegistry
 from tether.engine.consumers.ack_subject import parse_ack_subject
 from tether.engine.consumers.config import (
+    GROUP_NAME,
     ConsumerConfig,
     decode_request,
     durable_mismatch,
     durable_not_set,
     ephemeral_with_durable,
     filter_mismatch,
+    invalid_group_name,
     path_separators,
 )
 from tether.engine.jobs.service import channel_id
@@ -74,6 +76,15 @@ class _NakDelay(msgspec.Struct):
     delay: int = 0
 
 
+# Go's json.Unmarshal reads these two: unknown fields are ignored.
+class _ResetRequest(msgspec.Struct):
+    seq: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)] = 0
+
+
+class _UnpinRequest(msgspec.Struct):
+    group: str = ""
+
+
 _decode_nak = msgspec.json.Decoder(_NakDelay).decode
 
 
@@ -106,7 +117,8 @@ _EARLY_FRAMES = 64
 
 
 class _Outbox:
-    """What waits behind a slow read, per consumer: (to, meta, reply, block)."""
+    """What waits behind a slow read, per consumer: (to, meta, reply, block), where
+    ``block`` is a status block, or the extra header lines of a message (a pin id)."""
 
     __slots__ = ("items", "task")
 
@@ -173,6 +185,8 @@ class ConsumerApi:
             self._pause,
             {"paused": False, "pause_until": ZERO_TIME},
         )
+        route(("CONSUMER", "UNPIN"), "consumer_unpin_response", self._unpin)
+        route(("CONSUMER", "RESET"), "consumer_reset_response", self._reset, {"reset_seq": 0})
 
     # -- API handlers ----------------------------------------------------------------------------------
     async def _create(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
@@ -206,7 +220,7 @@ class ConsumerApi:
             )
         if filtered and config.filter_subject != filtered:
             raise filter_mismatch()
-        return await self._do_create(stream, config, req.action)
+        return await self._do_create(stream, config, req.action, req.pedantic)
 
     async def _create_durable(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         if len(args) != 2:
@@ -227,12 +241,16 @@ class ConsumerApi:
         if config.durable_name != name:
             raise durable_mismatch()
         config.name = name
-        return await self._do_create(stream, config, req.action)
+        return await self._do_create(stream, config, req.action, req.pedantic)
 
-    async def _do_create(self, stream: str, config: ConsumerConfig, action: str) -> Any:
+    async def _do_create(
+        self, stream: str, config: ConsumerConfig, action: str, pedantic: bool = False
+    ) -> Any:
         if config.num_replicas > 1:
             raise errors.ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
-        consumer, created = await self.registry.create(stream, config, action, activate=False)
+        consumer, created = await self.registry.create(
+            stream, config, action, activate=False, pedantic=pedantic
+        )
         info = self.info(consumer)
         if created and not consumer.is_pull:
             # Deliveries start after the reply has gone out, as on nats-server.
@@ -305,6 +323,34 @@ class ConsumerApi:
             out["pause_remaining"] = until - now
         return out
 
+    async def _unpin(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        stream, name = self._two_names(args)
+        if not p.strip():
+            raise errors.invalid_json("unexpected end of JSON input")
+        group = requests.decode_required(p, _UnpinRequest).group
+        if not group:
+            raise errors.invalid_json("consumer group not specified")
+        if not GROUP_NAME.fullmatch(group):
+            raise invalid_group_name()
+        consumer = self.registry.get(stream, name)
+        if group not in consumer.config.priority_groups:
+            raise errors.ApiError(
+                400, 10160, "Provided priority group does not exist for this consumer"
+            )
+        consumer.unpin(group)
+        return {}
+
+    async def _reset(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
+        stream, name = self._two_names(args)
+        # nats-server serves RESET from each consumer's own subscription: nobody
+        # answers for a consumer (or stream) that does not exist.
+        consumer = self.registry.find(stream, name)
+        if consumer is None or not reply:
+            raise NoReply
+        seq = requests.decode_required(p, _ResetRequest).seq if p.strip() else 0
+        seq = await self.registry.reset(consumer, seq)
+        return {**self.info(consumer, typed=False), "reset_seq": seq}
+
     def info(self, consumer: Consumer, typed: bool = True) -> dict[str, Any]:
         """``consumer_info`` as nats-server shapes it."""
         now = self.broker.clock.now()
@@ -333,6 +379,14 @@ class ConsumerApi:
         if consumer.paused:
             out["paused"] = True
             out["pause_remaining"] = consumer.paused_until - now
+        state = consumer.priority.state() if consumer.priority is not None else None
+        if state is not None:
+            group, pin_id, pinned_ns = state
+            entry: dict[str, Any] = {"group": group}
+            if pin_id:
+                entry["pinned_client_id"] = pin_id
+            entry["pinned_ts"] = rfc3339(pinned_ns)
+            out["priority_groups"] = [entry]
         out["ts"] = rfc3339(now)
         return out
 
@@ -428,13 +482,14 @@ class ConsumerApi:
     # -- DeliverySink ---------------------------------------------------------------------------------------
     def deliver(self, consumer: Consumer, to: str, meta: MessageMeta, reply: str) -> None:
         outbox = self._outboxes.get(id(consumer)) if self._outboxes else None
+        extra = consumer.delivery_headers
         if outbox is None:
             msg = self._cached(consumer.stream.name, meta.seq)
             if msg is not None:
-                self._send(consumer, to, msg, reply)
+                self._send(consumer, to, msg, reply, extra)
                 return
             outbox = self._outboxes[id(consumer)] = _Outbox()
-        outbox.items.append((to, meta, reply, None))
+        outbox.items.append((to, meta, reply, extra or None))
         if outbox.task is None:
             outbox.task = asyncio.ensure_future(self._drain(consumer, outbox))
 
@@ -548,13 +603,19 @@ class ConsumerApi:
         outbox = self._outboxes.get(id(consumer))
         return len(outbox.items) if outbox is not None else 0
 
-    def _send(self, consumer: Consumer, to: str, msg: StoredMessage, reply: str) -> None:
+    def _send(
+        self, consumer: Consumer, to: str, msg: StoredMessage, reply: str, extra: bytes = b""
+    ) -> None:
         headers: bytes | None = msg.headers or None
         data = msg.data
         if consumer.config.headers_only:
             base = msg.headers[:-2] if msg.headers else b"NATS/1.0\r\n"
             headers = base + b"Nats-Msg-Size: %d\r\n\r\n" % len(data)
             data = b""
+        if extra:
+            # Header lines the delivery adds (``Nats-Pin-Id``), after the stored ones.
+            base = headers[:-2] if headers else b"NATS/1.0\r\n"
+            headers = base + extra + b"\r\n"
         subject = msg.subject
         sb = self._subject_bytes.get(subject)
         if sb is None:
@@ -591,7 +652,7 @@ class ConsumerApi:
                     if meta is not None:
                         found = loaded.get(meta.seq)
                         if found is not None and not consumer.deleted:
-                            self._send(consumer, to, found, reply)
+                            self._send(consumer, to, found, reply, block or b"")
                     elif block is not None:
                         self.router.publish(None, to, reply, block, b"")
         finally:

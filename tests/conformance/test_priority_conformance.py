@@ -1,0 +1,367 @@
+"""Priority groups, consumer reset and the other 2.11 to 2.14 consumer features, against
+Tether and nats-server, compared step by step (the scenarios' machinery is
+``test_consumer_conformance``'s).
+
+Pin ids are random on both servers: every id a log shows (``Nats-Pin-Id``,
+``pinned_client_id``, ``pinned_id``) is replaced by ``PIN<n>`` in order of appearance
+before the logs are compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_consumer_conformance import API, Peers, Session, observe, peers, run
+
+pytestmark = pytest.mark.peer
+__all__ = ["peers"]  # the fixture, shared with the consumer scenarios
+
+_PIN_KEYS = ("pinned_client_id", "pinned_id")
+_ADVISORY_VOLATILE = ("id", "timestamp", "account")
+_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def _pins_in(value: Any, found: list[str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k in _PIN_KEYS and isinstance(v, str) and v not in found:
+                found.append(v)
+            _pins_in(v, found)
+    elif isinstance(value, list | tuple):
+        if len(value) == 2 and value[0] == "Nats-Pin-Id" and value[1] not in found:
+            found.append(value[1])
+        for v in value:
+            _pins_in(v, found)
+
+
+def _replace(value: Any, names: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return names.get(value, value)
+    if isinstance(value, dict):
+        out = {k: _replace(v, names) for k, v in value.items()}
+        if out.get("pinned_ts", _ZERO_TIME) != _ZERO_TIME:
+            out["pinned_ts"] = "<set>"  # a time: only whether it is set is compared
+        return out
+    if isinstance(value, tuple):
+        return tuple(_replace(v, names) for v in value)
+    if isinstance(value, list):
+        return [_replace(v, names) for v in value]
+    return value
+
+
+def canonical_pins(log: list[Any]) -> list[Any]:
+    found: list[str] = []
+    _pins_in(log, found)
+    return _replace(log, {pin: f"PIN{i}" for i, pin in enumerate(found, 1)})
+
+
+async def compare(peers: Peers, scenario: Any) -> None:
+    theirs, ours = await asyncio.gather(run(peers.nats, scenario), run(peers.tether, scenario))
+    theirs, ours = canonical_pins(theirs), canonical_pins(ours)
+    for i, (a, b) in enumerate(zip(theirs, ours, strict=True)):
+        assert b == a, f"step {i} differs"
+
+
+def last_pin(s: Session) -> str:
+    """The pin id the last pull's messages carried."""
+    for entry in reversed(s.log[-1]):
+        if entry[0] == "msg":
+            for key, value in entry[4]:
+                if key == "Nats-Pin-Id":
+                    return str(value)
+    raise AssertionError("no pinned message in the last pull")
+
+
+class Advisories:
+    """Pinned and unpinned advisories of one consumer, in arrival order."""
+
+    def __init__(self, s: Session, stream: str, consumer: str) -> None:
+        self.s = s
+        self.subjects = [
+            f"$JS.EVENT.ADVISORY.CONSUMER.{kind}.{stream}.{consumer}"
+            for kind in ("PINNED", "UNPINNED")
+        ]
+        self.got: list[Any] = []
+        self.subs: list[Any] = []
+
+    async def start(self) -> None:
+        async def keep(msg: Any) -> None:
+            event = json.loads(msg.data)
+            for key in _ADVISORY_VOLATILE:
+                event.pop(key, None)
+            self.got.append((msg.subject, event))
+
+        for subject in self.subjects:
+            self.subs.append(await self.s.nc.subscribe(subject, cb=keep))
+
+    async def log(self, wait: float = 0.2) -> None:
+        """What arrived since the last call."""
+        await asyncio.sleep(wait)
+        self.s.log.append(self.got)
+        self.got = []
+
+    async def stop(self) -> None:
+        for sub in self.subs:
+            await sub.unsubscribe()
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+
+
+async def priority_config(s: Session) -> None:
+    await s.stream("C", subjects=["c.>"])
+    bad: list[dict[str, Any]] = [
+        {"priority_policy": "overflow"},
+        {"priority_groups": ["a"]},
+        {"priority_groups": ["a"], "priority_policy": "none"},
+        {"priority_timeout": 1000},
+        {"priority_groups": [""], "priority_policy": "overflow"},
+        {"priority_groups": ["a.b"], "priority_policy": "overflow"},
+        {"priority_groups": ["abcdefghijklmnopq"], "priority_policy": "pinned_client"},
+        {"priority_groups": ["a"], "priority_policy": "bogus"},
+        {"priority_groups": ["a"], "priority_policy": "overflow", "deliver_subject": "x.y"},
+    ]
+    for config in bad:
+        await s.consumer("C", "BAD", **config)
+    await s.consumer("C", "PIN", priority_groups=["a", "b/c"], priority_policy="pinned_client")
+    await s.consumer("C", "PRI", priority_groups=["a"], priority_policy="prioritized")
+    await s.consumer(
+        "C", "OVF", priority_groups=["A=1"], priority_policy="overflow", priority_timeout=5
+    )
+    # Priority settings may be updated, the policy too.
+    await s.consumer("C", "OVF", priority_groups=["x"], priority_policy="pinned_client")
+    await s.consumer("C", "OVF")
+    await s.req(f"{API}.CONSUMER.INFO.C.OVF")
+
+
+async def overflow(s: Session) -> None:
+    await s.stream("O", subjects=["o.>"])
+    await s.consumer("O", "N", ack_policy="explicit")
+    for body in (
+        {"batch": 1, "no_wait": True, "min_pending": 1},
+        {"batch": 1, "no_wait": True, "id": "x"},
+        {"batch": 1, "no_wait": True, "priority": 10},
+        {"batch": 1, "no_wait": True, "priority": -1},
+        {"batch": 1, "no_wait": True, "group": "a", "priority": 3},
+    ):
+        await s.pull("O", "N", body, wait=0.3)
+    await s.consumer(
+        "O", "C", ack_policy="explicit", priority_groups=["a"], priority_policy="overflow"
+    )
+    for body in (
+        {"batch": 1, "no_wait": True},
+        {"batch": 1, "no_wait": True, "group": "b"},
+        {"batch": 1, "no_wait": True, "group": "a.b"},
+        {"batch": 1, "no_wait": True, "group": "a", "id": "x"},
+        {"batch": 1, "no_wait": True, "group": "a", "priority": 2},
+    ):
+        await s.pull("O", "C", body, wait=0.3)
+    await s.pub("o.a", 3)
+    await s.pull("O", "C", {"batch": 5, "expires": 300_000_000, "group": "a", "min_pending": 4})
+    await s.pull("O", "C", {"batch": 1, "expires": 300_000_000, "group": "a", "min_pending": 3})
+    await s.pull("O", "C", {"batch": 1, "expires": 300_000_000, "group": "a", "min_ack_pending": 2})
+    await s.pull(
+        "O",
+        "C",
+        {"batch": 1, "expires": 300_000_000, "group": "a", "min_ack_pending": 1, "min_pending": 9},
+    )
+    await s.pull("O", "C", {"batch": 1, "no_wait": True, "group": "a", "min_pending": 100})
+    await s.pull("O", "C", {"batch": 1, "no_wait": True, "group": "a"})
+    await s.info("O", "C")
+
+
+async def pinned(s: Session) -> None:
+    await s.stream("P", subjects=["p.>"])
+    adv = Advisories(s, "P", "C")
+    await adv.start()
+    await s.consumer(
+        "P",
+        "C",
+        ack_policy="explicit",
+        priority_groups=["g"],
+        priority_policy="pinned_client",
+        priority_timeout=30_000_000_000,
+    )
+    await s.pub("p.a", 4)
+    await s.pull("P", "C", {"batch": 2, "expires": 300_000_000, "group": "g"})
+    pin = last_pin(s)
+    await adv.log()
+    await s.info("P", "C")
+    await s.pull("P", "C", {"batch": 1, "expires": 200_000_000, "group": "g", "id": "nope"})
+    # A standby (no id) gets nothing while the pin holds.
+    await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g"})
+    await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g", "id": pin})
+    await s.req(f"{API}.CONSUMER.UNPIN.P.C", {"group": "g"})
+    await adv.log()
+    await s.info("P", "C")
+    # The old pin is stale now: a waiting request with it ends with 423.
+    await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g", "id": pin})
+    await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g"})
+    await adv.log()
+    await s.info("P", "C")
+    for body in ({}, {"group": "zz"}, {"group": "a.b"}, {"group": "g", "x": 1}):
+        await s.req(f"{API}.CONSUMER.UNPIN.P.C", body)
+    await s.req(f"{API}.CONSUMER.UNPIN.P.C", b"")
+    await s.req(f"{API}.CONSUMER.UNPIN.P.NOPE", {"group": "g"})
+    await s.req(f"{API}.CONSUMER.UNPIN.NOPE.C", {"group": "g"})
+    await adv.log()
+    await adv.stop()
+
+
+async def pin_timeout(s: Session) -> None:
+    await s.stream("T", subjects=["t.>"])
+    adv = Advisories(s, "T", "C")
+    await adv.start()
+    await s.consumer(
+        "T",
+        "C",
+        ack_policy="explicit",
+        priority_groups=["g"],
+        priority_policy="pinned_client",
+        priority_timeout=300_000_000,
+    )
+    await s.pub("t.a", 2)
+    await s.pull("T", "C", {"batch": 1, "no_wait": True, "group": "g"})
+    # Nobody pulls with the pin: it times out and the next request gets a new one.
+    await asyncio.sleep(1.0)
+    await adv.log(0)
+    await s.info("T", "C")
+    await s.pull("T", "C", {"batch": 1, "no_wait": True, "group": "g"})
+    await adv.log(1.0)  # pinned, then unpinned again by the timeout
+    await adv.stop()
+
+
+async def prioritized(s: Session) -> None:
+    await s.stream("Q", subjects=["q.>"])
+    await s.consumer(
+        "Q", "C", ack_policy="explicit", priority_groups=["g"], priority_policy="prioritized"
+    )
+    subs = []
+    for priority in (5, 1, 3, 1):
+        inbox = s.nc.new_inbox()
+        sub = await s.nc.subscribe(inbox)
+        subs.append(sub)
+        body = {"batch": 2, "expires": 1_000_000_000, "group": "g", "priority": priority}
+        await s.nc.publish(f"{API}.CONSUMER.MSG.NEXT.Q.C", json.dumps(body).encode(), reply=inbox)
+    await s.nc.flush()
+    await asyncio.sleep(0.1)
+    await s.pub("q.a", 6)
+    await asyncio.sleep(0.2)
+    for sub in subs:
+        got = []
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=0.05)
+            except Exception:
+                break
+            got.append(observe(msg))
+        s.log.append(got)
+        await sub.unsubscribe()
+    await s.info("Q", "C")
+
+
+async def reset(s: Session) -> None:
+    await s.stream("R", subjects=["r.>"])
+    await s.pub("r.a", 5)
+    await s.consumer("R", "A", ack_policy="explicit")
+    await s.consumer("R", "N", ack_policy="explicit", deliver_policy="new")
+    await s.consumer(
+        "R", "Q", ack_policy="explicit", deliver_policy="by_start_sequence", opt_start_seq=3
+    )
+    await s.pull("R", "A", {"batch": 3, "no_wait": True})
+    await s.ack(1)
+    await s.info("R", "A")
+    await s.req(f"{API}.CONSUMER.RESET.R.A")
+    await s.req(f"{API}.CONSUMER.RESET.R.A", {"seq": 4})
+    await s.pull("R", "A", {"batch": 3, "no_wait": True})
+    await s.req(f"{API}.CONSUMER.RESET.R.A", {"seq": 100})
+    await s.req(f"{API}.CONSUMER.RESET.R.A", b"{bad")
+    await s.req(f"{API}.CONSUMER.RESET.R.A", {"seq": 2, "other": 1})
+    await s.pull("R", "A", {"batch": 9, "no_wait": True})
+    await s.req(f"{API}.CONSUMER.RESET.R.N", {"seq": 2})
+    await s.req(f"{API}.CONSUMER.RESET.R.N", {"seq": 0})
+    await s.req(f"{API}.CONSUMER.RESET.R.Q", {"seq": 2})
+    await s.req(f"{API}.CONSUMER.RESET.R.Q", {"seq": 4})
+    await s.req(f"{API}.CONSUMER.RESET.R.NOPE")
+    await s.req(f"{API}.CONSUMER.RESET.NOPE.C")
+
+
+async def config_fields(s: Session) -> None:
+    await s.stream("F", subjects=["f.>"], consumer_limits={"max_ack_pending": 50})
+    bad: list[dict[str, Any]] = [
+        {"direct": True},
+        {"direct": True, "deliver_subject": "d.x"},
+        {"metadata": {"k": "v" * 140_000}},
+    ]
+    for config in bad:
+        await s.consumer("F", "BAD", **config)
+    pedantic: list[dict[str, Any]] = [
+        {"max_deliver": -5},
+        {"max_waiting": -1},
+        {"max_ack_pending": -2},
+        {"max_batch": -1},
+        {"max_expires": -1},
+        {"max_bytes": -1},
+        {"inactive_threshold": -1},
+        {"priority_timeout": -1},
+        {"ack_policy": "explicit", "backoff": [1_000_000_000], "max_ack_pending": 5},
+        {"ack_policy": "explicit"},
+        {"max_ack_pending": 5, "max_deliver": -1},
+    ]
+    for config in pedantic:
+        body = {
+            "stream_name": "F",
+            "config": {"durable_name": "PED", **config},
+            "pedantic": True,
+        }
+        await s.req(f"{API}.CONSUMER.CREATE.F.PED", body)
+        await s.req(f"{API}.CONSUMER.DELETE.F.PED", keep=False)
+    # Not pedantic: the same values are adjusted.
+    await s.consumer("F", "LAX", max_deliver=-5, max_batch=-1, priority_timeout=-1)
+    # Sampled acks are reported on $JS.EVENT.METRIC.
+    metrics = await s.nc.subscribe("$JS.EVENT.METRIC.CONSUMER.ACK.F.*")
+    await s.consumer("F", "SAMPLED", ack_policy="explicit", sample_freq="100%")
+    await s.pub("f.a", 2)
+    await s.pull("F", "SAMPLED", {"batch": 2, "no_wait": True})
+    await s.ack(1)
+    await s.ack(2)
+    got = []
+    await asyncio.sleep(0.1)
+    while True:
+        try:
+            msg = await metrics.next_msg(timeout=0.05)
+        except Exception:
+            break
+        event = json.loads(msg.data)
+        for key in (*_ADVISORY_VOLATILE, "ack_time"):
+            event.pop(key, None)
+        got.append((msg.subject, event))
+    s.log.append(got)
+    await metrics.unsubscribe()
+
+
+async def stalls(s: Session) -> None:
+    await s.stream("M", subjects=["m.>"])
+    await s.consumer("M", "C", ack_policy="explicit", max_ack_pending=2)
+    await s.pub("m.a", 5)
+    # A one-shot stalled by max_ack_pending stays until it expires (408), as on nats-server.
+    await s.pull("M", "C", {"batch": 5, "no_wait": True, "expires": 500_000_000}, wait=1.0)
+    await s.pull("M", "C", {"batch": 5, "idle_heartbeat": 1_000_000_000}, wait=0.3)
+    await s.pull("M", "C", {"batch": 5, "no_wait": True, "idle_heartbeat": 10}, wait=0.3)
+    await s.info("M", "C")
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [priority_config, overflow, pinned, pin_timeout, prioritized, reset, config_fields, stalls],
+    ids=lambda f: f.__name__,
+)
+async def test_same_as_nats_server(peers: Peers, scenario: Any) -> None:
+    await compare(peers, scenario)
