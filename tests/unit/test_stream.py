@@ -462,7 +462,7 @@ def test_message_ttl_values_are_read_as_nats_server_reads_them(
     assert message_ttl(value) == seconds
 
 
-def test_a_per_message_ttl_is_refused() -> None:
+def test_a_per_message_ttl_needs_allow_msg_ttl() -> None:
     stream = make()
     with pytest.raises(ApiError) as excinfo:
         stream.check_expectations("s.a", None, None, None, None, b"10s")
@@ -470,9 +470,10 @@ def test_a_per_message_ttl_is_refused() -> None:
     with pytest.raises(ApiError) as excinfo:
         stream.check_expectations("s.a", None, None, None, None, b"0")
     assert excinfo.value.err_code == 10165
-    with pytest.raises(ApiError) as excinfo:
-        make(allow_msg_ttl=True).check_expectations("s.a", None, None, None, None, b"1h")
-    assert excinfo.value.description == "per-message TTL not supported by this server"
+    with_ttl = make(allow_msg_ttl=True)
+    assert with_ttl.check_expectations("s.a", None, None, None, None, b"1h") == 3600
+    assert with_ttl.check_expectations("s.a", None, None, None, None, b"never") == -1
+    assert with_ttl.check_expectations("s.a", None, None, None, None, None) == 0
 
 
 def test_purging_below_a_sequence_past_the_end_moves_numbering_forward(ten: Stream) -> None:

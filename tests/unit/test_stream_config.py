@@ -138,7 +138,7 @@ def test_duplicate_window_defaults_to_two_minutes_capped_by_max_age() -> None:
         ({"subjects": ["$SYS.>"]}, "subjects that overlap with system api require no-ack"),
         ({"num_replicas": 6}, "maximum replicas is 5"),
         ({"mirror": {"name": "O"}}, "mirrors not supported"),
-        ({"subject_delete_marker_ttl": 5 * NS}, "subject delete markers not supported"),
+        ({"subject_delete_marker_ttl": NS // 2}, "subject delete marker TTL must be at least 1"),
     ],
 )
 def test_invalid_configs_are_refused_with_nats_servers_text(

@@ -29,6 +29,7 @@ from tether.engine.streams.config import (
     encode_config,
     normalize,
 )
+from tether.engine.streams.sourcing import input_transform
 from tether.engine.streams.stream import (
     EXPECTED_LAST_MSG_ID,
     EXPECTED_LAST_SEQ,
@@ -241,7 +242,7 @@ class Broker:
         """
         config = decode_config(body)
         check_create(name, config)
-        normalize(config)
+        normalize(config, self._config_of)
         if config.num_replicas > 1:
             raise errors.replicas_not_supported()
         existing = self.streams.get(config.name)
@@ -268,7 +269,7 @@ class Broker:
 
     async def update_stream(self, name: str, body: bytes) -> Stream:
         """STREAM.UPDATE, with nats-server's checks in its order."""
-        config = normalize(decode_config(body))
+        config = normalize(decode_config(body), self._config_of)
         if config.name != name:
             raise errors.stream_name_mismatch()
         stream = self.get_stream(name)
@@ -295,6 +296,10 @@ class Broker:
                 for b in other.config.subjects:
                     if filters_overlap(a, b):
                         raise errors.subjects_overlap()
+
+    def _config_of(self, name: str) -> StreamConfig | None:
+        stream = self.streams.get(name)
+        return stream.config if stream is not None else None
 
     def get_stream(self, name: str) -> Stream:
         stream = self.streams.get(name)
@@ -424,6 +429,8 @@ class Broker:
         name = stream.name
         if not payloads:
             return
+        if cfg.subject_transform:
+            subject = _stored_subject(cfg, subject)
         if cfg.sealed:
             if sink is not None:
                 asked = [reply for reply in replies if reply]
@@ -504,6 +511,8 @@ class Broker:
             return
         if not payloads:
             return
+        if cfg.subject_transform:
+            subjects = [_stored_subject(cfg, subject) for subject in subjects]
         now = self.clock.now()
         sizes = [len(s) + 16 + len(p) for s, p in zip(subjects, payloads, strict=True)]
         first = stream.append_mixed(subjects, sizes, now)
@@ -575,6 +584,8 @@ class Broker:
         """One publish, answered through ``target``: a callback (or None) when
         ``replies`` is None, else a :class:`PubAckSink` for ``replies`` (one reply)."""
         cfg = stream.config
+        if cfg.subject_transform:
+            subject = _stored_subject(cfg, subject)
         now = self.clock.now()
         hdrs = headers or b""
         msg_id = ""
@@ -929,6 +940,35 @@ class Broker:
             schedule.due_ns = nxt
             self._arm_schedule(schedule)
 
+    def append_mirrored(
+        self,
+        stream: Stream,
+        msg: StoredMessage,
+        on_durable: Callable[[PubAck | errors.ApiError], None],
+    ) -> None:
+        """Store a message a mirror copied, at its origin's sequence and time.
+
+        Sequences the origin no longer holds are left as gaps (nats-server's skips), so
+        the mirror numbers as its origin does. The limits apply (evicting old messages);
+        the publish checks do not: a mirror stores what its origin accepted.
+        """
+        if msg.seq <= stream.last_seq:
+            on_durable(errors.ApiError(400, 10071, "wrong last sequence"))
+            return
+        size = len(msg.subject) + len(msg.headers) + len(msg.data) + 16
+        meta = MessageMeta(msg.seq, msg.subject, size, msg.ts, msg.priority)
+        removed = stream.append(meta, "")
+        fut = self.store.append(stream.name, msg)
+        if removed:
+            self._delete_seqs(stream, removed)
+        tick = self._tick_for(fut)
+        tick.appended.append((stream, msg.seq, msg.seq, ""))
+        if stream.name not in tick.first_seq:
+            tick.first_seq[stream.name] = msg.seq
+        tick.waiters.append((on_durable, stream.name, msg.seq, None, False))
+        if stream.config.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+
     def _ack_duplicate(
         self, stream: Stream, seq: int, target: Any, replies: list[str] | None
     ) -> None:
@@ -1236,6 +1276,14 @@ class Broker:
             "streams": len(self.streams),
             "consumers": consumers,
         }
+
+
+def _stored_subject(cfg: StreamConfig, subject: str) -> str:
+    """The subject a message is stored under: the stream's input transform applied."""
+    transform = input_transform(cfg)
+    if transform is None:
+        return subject
+    return transform.apply(subject) or subject
 
 
 def _header_fields(block: bytes) -> dict[bytes, bytes]:

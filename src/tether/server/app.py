@@ -21,6 +21,7 @@ from tether.engine.broker import Broker
 from tether.engine.clock import LoopClock
 from tether.engine.consumers import ConsumerRegistry
 from tether.engine.jobs import ServiceSettings, WebhookService
+from tether.engine.sourcing import SourcingService
 from tether.server.config import ServerConfig
 from tether.server.http import monitor, webhook_api
 from tether.server.http.auth import AsgiApp, GatewayMiddleware, Receive, Scope, Send
@@ -67,6 +68,7 @@ class Tether:
         self.store: Store | None = None
         self.broker: Broker | None = None
         self.jetstream: JetStreamApi | None = None
+        self.sourcing: SourcingService | None = None
         self.consumers: ConsumerRegistry | None = None
         self.consumer_api: ConsumerApi | None = None
         self.stream_read: StreamReadApi | None = None
@@ -198,6 +200,9 @@ class Tether:
         await self.consumers.load()
         self.jetstream.start()
         self.consumer_api.start()
+        self.sourcing = SourcingService(self.broker)
+        self.jetstream.sourcing = self.sourcing
+        await self.sourcing.start()
         self.stream_read = StreamReadApi(self.nats.router, self.broker)
         self.stream_read.start()
         self.dead_letters = DeadLetterApi(self.nats.router, self.consumers)
@@ -317,6 +322,8 @@ class Tether:
         if not self._engine_running:
             return
         self._engine_running = False
+        if self.sourcing is not None:
+            await self.sourcing.stop()
         if self.webhook_front is not None:
             await self.webhook_front.stop()
         if self.webhooks is not None:

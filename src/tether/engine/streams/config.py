@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from tether.engine import errors
+from tether.engine.streams.republish import check_republish
 from tether.engine.subjects import filters_overlap, is_subset, is_valid_filter
 
 NS = 1_000_000_000
@@ -104,6 +105,8 @@ class StreamConfig(msgspec.Struct, kw_only=True):
         out["compression"] = self.compression
         if self.first_seq:
             out["first_seq"] = self.first_seq
+        if self.republish:
+            out["republish"] = dict(self.republish)
         out["allow_direct"] = self.allow_direct
         out["mirror_direct"] = self.mirror_direct
         out["sealed"] = self.sealed
@@ -112,6 +115,8 @@ class StreamConfig(msgspec.Struct, kw_only=True):
         out["allow_rollup_hdrs"] = self.allow_rollup_hdrs
         out["consumer_limits"] = dict(self.consumer_limits)
         out["allow_msg_ttl"] = self.allow_msg_ttl
+        if self.subject_delete_marker_ttl:
+            out["subject_delete_marker_ttl"] = self.subject_delete_marker_ttl
         # nats-server leaves these out when off.
         if self.allow_msg_counter:
             out["allow_msg_counter"] = True
@@ -129,9 +134,7 @@ _UNSUPPORTED = (
     ("placement", "placement"),
     ("mirror", "mirrors"),
     ("sources", "sources"),
-    ("republish", "republish"),
     ("subject_transform", "subject transforms"),
-    ("subject_delete_marker_ttl", "subject delete markers"),
     ("allow_batched", "batch publish"),
     ("persist_mode", "persist modes"),
 )
@@ -226,10 +229,13 @@ def normalize(config: StreamConfig) -> StreamConfig:
     if 0 < cfg.duplicate_window < MIN_DUPLICATE_WINDOW:
         raise errors.invalid_stream_config("duplicates window needs to be >= 100ms")
     _check_counters_and_schedules(cfg)
+    _check_delete_markers(cfg)
     if cfg.deny_purge and cfg.allow_rollup_hdrs:
         raise errors.invalid_stream_config("roll-ups require the purge permission")
     _check_discard_new_per_subject(cfg)
     _check_subjects(cfg)
+    if cfg.republish is not None:
+        cfg.republish = check_republish(cfg.republish, cfg.subjects)
     for field, feature in _UNSUPPORTED:
         if getattr(cfg, field):
             raise errors.invalid_stream_config(f"{feature} not supported by this server")
@@ -251,6 +257,22 @@ def _check_counters_and_schedules(cfg: StreamConfig) -> None:
     if cfg.allow_msg_schedules:
         if cfg.discard == "new":
             raise errors.invalid_stream_config("message scheduling cannot use discard new")
+        cfg.allow_rollup_hdrs = True
+        cfg.deny_purge = False
+
+
+def _check_delete_markers(cfg: StreamConfig) -> None:
+    """``subject_delete_marker_ttl``: at least a second; markers are messages with a
+    TTL that roll up their subject, so nats-server turns on what they need."""
+    ttl = cfg.subject_delete_marker_ttl
+    if ttl < 0:
+        raise errors.invalid_stream_config("subject delete marker TTL must not be negative")
+    if ttl:
+        if ttl < NS:
+            raise errors.invalid_stream_config(
+                "subject delete marker TTL must be at least 1 second"
+            )
+        cfg.allow_msg_ttl = True
         cfg.allow_rollup_hdrs = True
         cfg.deny_purge = False
 

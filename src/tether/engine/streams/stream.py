@@ -16,6 +16,7 @@ from typing import Any
 
 from tether.engine import errors
 from tether.engine.streams.config import StreamConfig
+from tether.engine.streams.expiry import MessageTTLs
 from tether.engine.subjects import is_literal, subject_matches
 from tether.storage.base import MessageMeta
 
@@ -69,6 +70,10 @@ class Stream:
         # The highest sequence storage is known to hold as its high-water mark (loaded,
         # or committed since): numbering never goes back below it (see :meth:`forget`).
         self.durable_seq = 0
+        # Per-message TTLs (``allow_msg_ttl``), and where max_age expiry goes on from
+        # when messages that never expire sit at the front (see :meth:`expire`).
+        self.ttls = MessageTTLs()
+        self._age_from = 0
 
     # -- loading -------------------------------------------------------------------------
     def start_empty(self) -> None:
@@ -289,25 +294,25 @@ class Stream:
         expected_subj_seq: bytes | None,
         expected_subj_seq_subject: bytes | None,
         msg_ttl: bytes | None = None,
-    ) -> None:
+    ) -> int:
         """Optimistic-concurrency headers checked before dedup, in nats-server's order.
 
         A value that is not a number (ASCII digits, within int64) never matches
-        (nats-server parses it as -1). A per-message TTL (``Nats-TTL``) is refused: this
-        server does not expire single messages (without ``allow_msg_ttl`` the error is
-        nats-server's); a TTL of zero (``00``) means none, as there. Values are
-        compared as bytes, so one that is not UTF-8 simply does not match.
+        (nats-server parses it as -1). Values are compared as bytes, so one that is not
+        UTF-8 simply does not match. Returns the per-message TTL (``Nats-TTL``) in
+        seconds, -1 for "never", 0 for none (a TTL of zero, ``00``, means none, as in
+        nats-server); one is refused without ``allow_msg_ttl``.
         """
         if expected_stream and expected_stream != self.name.encode():
             raise errors.expected_stream_mismatch()
+        ttl = 0
         if msg_ttl:
-            ttl = message_ttl(msg_ttl.decode(errors="replace"))
-            if ttl is None:
+            parsed = message_ttl(msg_ttl.decode(errors="replace"))
+            if parsed is None:
                 raise errors.msg_ttl_invalid()
-            if ttl:
-                if self.config.allow_msg_ttl:
-                    raise errors.msg_ttl_not_supported()
+            if parsed and not self.config.allow_msg_ttl:
                 raise errors.msg_ttl_disabled()
+            ttl = parsed
         if expected_subj_seq is not None:
             on = subject
             if expected_subj_seq_subject:
@@ -320,6 +325,7 @@ class Stream:
             raise errors.expected_last_subject_sequence_missing()
         if expected_last_seq is not None and _int_header(expected_last_seq) != self.state.last_seq:
             raise errors.wrong_last_sequence(self.state.last_seq)
+        return ttl
 
     def check_last_msg_id(self, expected_last_msg_id: bytes) -> None:
         """``Nats-Expected-Last-Msg-Id`` (checked after dedup, as nats-server does)."""
@@ -472,24 +478,75 @@ class Stream:
         return sorted(evicted)
 
     def expired(self, now: int) -> list[int]:
-        """Sequences older than ``max_age`` (oldest first), removed from the index."""
+        """Sequences expired at ``now`` (see :meth:`expire`), removed from the index."""
+        return [meta.seq for meta in self.expire(now)[0]]
+
+    def expire(self, now: int) -> tuple[list[MessageMeta], set[int]]:
+        """Remove what has expired at ``now``: messages whose per-message TTL is due,
+        then those older than ``max_age`` (oldest first) except ``Nats-TTL: never``
+        ones. Returns them in that order, and which of them were delete markers."""
+        out: list[MessageMeta] = []
+        ttls = self.ttls
+        markers = ttls.markers
+        was_marker: set[int] = set()
+        if ttls.next_due() and ttls.next_due() <= now:
+            msgs = self._msgs
+            for seq, deadline in ttls.due(now):
+                meta = msgs.get(seq)
+                if meta is not None and meta.ts < deadline:
+                    out.append(meta)
+                    if seq in markers:
+                        was_marker.add(seq)
+                    self.remove(seq)
         if not self.config.max_age or not self.state.msgs:
-            return []
+            return out, was_marker
         cutoff = now - self.config.max_age
-        out: list[int] = []
         while self.state.msgs:
-            first = self._msgs[self.state.first_seq]
-            if first.ts > cutoff:
+            if ttls.forever:
+                meta = self._first_aging()
+                if meta is None:
+                    break
+            else:
+                meta = self._msgs[self.state.first_seq]
+            if meta.ts > cutoff:
                 break
-            out.append(first.seq)
-            self.remove(first.seq)
-        return out
+            out.append(meta)
+            if markers and meta.seq in markers:
+                was_marker.add(meta.seq)
+            self.remove(meta.seq)
+        return out, was_marker
+
+    def _first_aging(self) -> MessageMeta | None:
+        """The oldest live message max_age applies to (not ``Nats-TTL: never``).
+
+        Walks on from where the last call stopped: what lies before is gone or never
+        expires, so each sequence is passed over once, not at every expiry."""
+        msgs = self._msgs
+        forever = self.ttls.forever
+        seq = max(self.state.first_seq, self._age_from)
+        last = self.state.last_seq
+        while seq <= last:
+            meta = msgs.get(seq)
+            if meta is not None and seq not in forever:
+                self._age_from = seq
+                return meta
+            seq += 1
+        self._age_from = seq
+        return None
 
     def next_expiry(self) -> int:
-        """When the oldest message expires (ns since epoch), or 0 if never."""
+        """When the next message expires (ns since epoch), or 0 if never."""
+        due = self.ttls.next_due()
         if not self.config.max_age or not self.state.msgs:
-            return 0
-        return self._msgs[self.state.first_seq].ts + self.config.max_age
+            return due
+        if self.ttls.forever:
+            first = self._first_aging()
+            if first is None:
+                return due
+        else:
+            first = self._msgs[self.state.first_seq]
+        aged = first.ts + self.config.max_age
+        return min(due, aged) if due else aged
 
     def forget(self, seq: int, msg_id: str) -> None:
         """Undo :meth:`append` for a message whose commit failed (or that is taken back
@@ -500,6 +557,9 @@ class Stream:
         (as after a restart), whatever order the failed commits are reported in.
         """
         self.remove(seq)
+        self.ttls.discard(seq)
+        if seq < self._age_from:
+            self._age_from = seq
         if msg_id:
             hit = self._dedup.get(msg_id)
             if hit is not None and hit[0] == seq:
@@ -531,6 +591,9 @@ class Stream:
             dq.remove(seq)
         if not dq:
             del self._by_subject[meta.subject]
+        ttls = self.ttls
+        if ttls.forever or ttls.markers:
+            ttls.discard(seq)
         if seq == st.first_seq:
             order = self._order
             msgs = self._msgs

@@ -23,6 +23,7 @@ from tether.engine.broker import Broker, PubAck
 from tether.engine.consumers import ConsumerRegistry
 from tether.engine.consumers.config import parse_rfc3339 as parse_time
 from tether.engine.jobs.view import owned_by_http
+from tether.engine.sourcing import SourcingService
 from tether.engine.streams import Stream
 from tether.engine.subjects import filters_overlap
 from tether.protocol.nats.commands import encode
@@ -127,6 +128,8 @@ class JetStreamApi:
         self._tasks: set[asyncio.Task[None]] = set()
         self.api_total = 0
         self.api_errors = 0
+        # Mirrors' and sources' state for stream infos (set by whoever runs them).
+        self.sourcing: SourcingService | None = None
         self._register_stream_routes()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -415,7 +418,7 @@ class JetStreamApi:
             deleted = stream.deleted()
             if deleted:
                 state["deleted"] = deleted
-        return {
+        info: dict[str, Any] = {
             "total": total,
             "offset": offset_out,
             "limit": limit,
@@ -424,6 +427,9 @@ class JetStreamApi:
             "state": state,
             "ts": rfc3339(self.broker.clock.now()),
         }
+        if self.sourcing is not None and (stream.config.mirror or stream.config.sources):
+            info.update(self.sourcing.info(stream))
+        return info
 
     def _stream_body(self, stream: Stream) -> dict[str, Any]:
         """A stream info as create, update and list return it (no paging fields)."""

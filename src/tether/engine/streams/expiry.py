@@ -1,0 +1,134 @@
+"""Per-message TTLs (``Nats-TTL``) and subject delete markers, as nats-server keeps them.
+
+A stream with ``allow_msg_ttl`` holds a :class:`MessageTTLs`: a timer wheel of slots
+(one per :data:`SLOT_NS` of deadline) in a heap of slot keys. Adding a TTL is a dict
+lookup and a list append (a heap push only for a slot not seen yet), and expiring is
+popping the slots that are due: never a scan of the stream. A slot is due once its
+whole span has passed, so a message expires at most one slot late, never early.
+
+Entries are not removed when their message goes earlier (deleted, purged, evicted): a
+due sequence that is no longer live, or that now holds another message, is skipped.
+Messages with ``Nats-TTL: never`` are kept apart (:attr:`MessageTTLs.forever`): they
+are exempt from ``max_age`` too. Nothing here is persisted: the TTLs are read back
+from the stored headers when a stream loads (see :func:`ttl_of_headers`).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+NS = 1_000_000_000
+# The wheel's resolution: how late a message may expire, at most.
+SLOT_NS = 100_000_000
+
+MSG_TTL = b"Nats-TTL"
+MARKER_REASON = b"Nats-Marker-Reason"
+
+
+class MessageTTLs:
+    """The live per-message deadlines of one stream."""
+
+    __slots__ = ("_heap", "_slots", "forever", "markers")
+
+    def __init__(self) -> None:
+        # slot key (deadline // SLOT_NS, rounded up) -> [(seq, deadline ns)]
+        self._slots: dict[int, list[tuple[int, int]]] = {}
+        self._heap: list[int] = []
+        # Sequences with ``Nats-TTL: never`` (not removed by max_age).
+        self.forever: set[int] = set()
+        # Sequences holding a subject delete marker (their expiry leaves no marker).
+        self.markers: set[int] = set()
+
+    def __len__(self) -> int:
+        return sum(len(slot) for slot in self._slots.values())
+
+    def add(self, seq: int, deadline: int) -> None:
+        """``seq`` expires at ``deadline`` (ns since the epoch)."""
+        key = -(-deadline // SLOT_NS)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = []
+            heapq.heappush(self._heap, key)
+        slot.append((seq, deadline))
+
+    def discard(self, seq: int) -> None:
+        """``seq`` is gone: forget its kind (its deadline is skipped when due)."""
+        self.forever.discard(seq)
+        self.markers.discard(seq)
+
+    def next_due(self) -> int:
+        """When the next slot is due (ns), or 0 if none."""
+        return self._heap[0] * SLOT_NS if self._heap else 0
+
+    def due(self, now: int) -> list[tuple[int, int]]:
+        """Pop every entry whose slot has passed at ``now``: (seq, deadline), in slot
+        order. Whether each is still the live message is for the caller to check."""
+        out: list[tuple[int, int]] = []
+        heap = self._heap
+        limit = now // SLOT_NS
+        while heap and heap[0] <= limit:
+            out += self._slots.pop(heapq.heappop(heap))
+        return out
+
+    def clear(self) -> None:
+        self._slots.clear()
+        self._heap.clear()
+        self.forever.clear()
+        self.markers.clear()
+
+
+def header_value(block: bytes, name: bytes) -> bytes | None:
+    """The first value of header ``name`` in a ``NATS/1.0`` block, or None."""
+    for line in block.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip() == name:
+            return value.strip()
+    return None
+
+
+def with_ttl(block: bytes, seconds: int) -> bytes:
+    """The header block with its ``Nats-TTL`` value replaced by ``seconds`` (what
+    nats-server stores when it raises a TTL to the delete-marker TTL)."""
+    lines = block.split(b"\r\n")
+    for i, line in enumerate(lines):
+        if i and line.partition(b":")[0].strip() == MSG_TTL:
+            lines[i] = b"Nats-TTL: %d" % seconds
+            break
+    return b"\r\n".join(lines)
+
+
+def go_duration(ns: int) -> str:
+    """Go's ``time.Duration.String`` for a non-negative duration."""
+    if ns == 0:
+        return "0s"
+    if ns < NS:
+        for unit, size in (("ms", 10**6), ("µs", 10**3)):
+            if ns >= size:
+                return _fraction(ns, size) + unit
+        return f"{ns}ns"
+    hours, rest = divmod(ns, 3600 * NS)
+    minutes, rest = divmod(rest, 60 * NS)
+    secs = _fraction(rest, NS) + "s"
+    if hours:
+        return f"{hours}h{minutes}m{secs}"
+    if minutes:
+        return f"{minutes}m{secs}"
+    return secs
+
+
+def _fraction(value: int, unit: int) -> str:
+    whole, frac = divmod(value, unit)
+    if not frac:
+        return str(whole)
+    digits = len(str(unit)) - 1
+    return f"{whole}.{frac:0{digits}d}".rstrip("0")
+
+
+def marker_headers(marker_ttl_ns: int, reason: str = "MaxAge") -> bytes:
+    """The header block of a subject delete marker: its reason, its own TTL (whole
+    seconds, as a Go duration, as nats-server writes it) and a subject rollup."""
+    ttl = go_duration(marker_ttl_ns // NS * NS)
+    return b"NATS/1.0\r\nNats-Marker-Reason: %s\r\nNats-TTL: %s\r\nNats-Rollup: sub\r\n\r\n" % (
+        reason.encode(),
+        ttl.encode(),
+    )
