@@ -30,6 +30,8 @@ from tether.engine.streams.config import (
     normalize,
 )
 from tether.engine.streams.sourcing import input_transform
+from tether.engine.streams.expiry import MARKER_REASON, NS, marker_headers, with_ttl
+from tether.engine.streams.republisher import Republisher
 from tether.engine.streams.stream import (
     EXPECTED_LAST_MSG_ID,
     EXPECTED_LAST_SEQ,
@@ -136,6 +138,13 @@ class Broker:
         self._counters: dict[str, counters.CounterValues] = {}
         self._schedules: dict[tuple[str, str], sched.Schedule] = {}
         self._tasks: set[asyncio.Future[None]] = set()
+        # Sends what streams with ``republish`` store, once durable (a front door
+        # sets its sink).
+        self.republisher = Republisher()
+        self.listeners.append(self.republisher)
+        # The message a delete marker being stored stands for (its republished
+        # Nats-Last-Sequence, as nats-server reports it).
+        self._marker_for = 0
         store.on_refused(self._take_back)
 
     # -- startup ---------------------------------------------------------------------------
@@ -148,6 +157,7 @@ class Broker:
             index = await self.store.load_index(record.name)
             stream.load(index, await self.store.load_last_seq(record.name))
             await self._restore_dedup(stream, index, now)
+            await self._restore_ttls(stream, index)
             self.streams[stream.name] = stream
         for stream in self.streams.values():
             await self._load_features(stream)
@@ -229,6 +239,20 @@ class Broker:
                 msg_id = _header_fields(msg.headers).get(MSG_ID) if msg.headers else None
                 if msg_id:
                     stream.remember_msg_id(msg_id.decode(errors="replace"), msg.seq, msg.ts)
+
+    async def _restore_ttls(self, stream: Stream, index: list[MessageMeta]) -> None:
+        """Per-message TTLs and delete markers are in the stored headers: read them back."""
+        if not stream.config.allow_msg_ttl or not index:
+            return
+        start, last = index[0].seq, index[-1].seq
+        while start <= last:
+            cols = await self.store.read_columns(stream.name, start, last, 10_000)
+            if not cols.seqs:
+                break
+            for seq, block, ts in zip(cols.seqs, cols.headers, cols.stamps, strict=True):
+                if block and MSG_TTL in block:
+                    self._track_headers(stream, seq, ts, block, False)
+            start = cols.seqs[-1] + 1
 
     # -- stream management ------------------------------------------------------------------
     def _notify_changed(self, stream: Stream) -> None:
@@ -429,6 +453,12 @@ class Broker:
         name = stream.name
         if not payloads:
             return
+        if cfg.republish and not cfg.sealed:
+            # Each message is republished with its own headers: one at a time.
+            for payload, reply in zip(payloads, replies, strict=True):
+                target = sink if reply else None
+                self._publish_one(stream, subject, None, payload, target, [reply])
+            return
         if cfg.subject_transform:
             subject = _stored_subject(cfg, subject)
         if cfg.sealed:
@@ -499,6 +529,7 @@ class Broker:
             or cfg.discard == "new"
             or stream.evicts
             or cfg.allow_msg_counter
+            or cfg.republish
         ):
             start = 0
             n = len(subjects)
@@ -594,6 +625,7 @@ class Broker:
         incr: int | None = None
         schedule: sched.Schedule | None = None
         stop = ""
+        ttl = 0
         try:
             if cfg.sealed:
                 raise errors.stream_sealed()
@@ -619,7 +651,7 @@ class Broker:
                     stop = sched.check_stop(
                         subject, cfg.allow_msg_schedules, fields, self._is_schedule(stream)
                     )
-                stream.check_expectations(
+                ttl = stream.check_expectations(
                     subject,
                     fields.get(EXPECTED_STREAM),
                     fields.get(EXPECTED_LAST_SEQ),
@@ -656,6 +688,13 @@ class Broker:
                     if parsed is None:
                         raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
                     priority = parsed
+                if ttl > 0 and cfg.subject_delete_marker_ttl:
+                    # A TTL below the delete markers' is raised to it (nats-server's
+                    # rule), and the TTL applied is the one stored.
+                    floor = cfg.subject_delete_marker_ttl // NS
+                    if ttl < floor:
+                        ttl = floor
+                        hdrs = with_ttl(hdrs, floor)
             if incr is not None:
                 total = self._counter_total(stream, subject) + incr
                 payload = counters.body(total)
@@ -676,7 +715,14 @@ class Broker:
         removed = stream.rollup(subject, rollup) if rollup else []
         seq = stream.last_seq + 1
         msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
+        if cfg.republish:
+            last_on_subject = stream.last_by_subject(subject) or self._marker_for
+            self.republisher.record(
+                stream, cfg.republish, seq, subject, hdrs, payload, now, last_on_subject
+            )
         removed += stream.append(MessageMeta(seq, subject, size, now, priority), msg_id)
+        if ttl:
+            self._track_ttl(stream, seq, now, ttl, MARKER_REASON in fields, True)
         fut = self.store.append(stream.name, msg)
         if removed:
             self._delete_seqs(stream, removed)
@@ -817,6 +863,8 @@ class Broker:
             fut = self.store.append(name, msg)
             if removed:
                 self._delete_seqs(stream, removed)
+            if MSG_TTL in hdrs:
+                self._track_headers(stream, seq, now, hdrs, True)
             if cfg.allow_msg_counter:
                 self._counter_values(stream).set(seq, counters.read_value(payload))
         assert fut is not None
@@ -1230,18 +1278,64 @@ class Broker:
             await self._settled()
         return await self.store.read_columns(stream.name, start_seq, last_seq, limit)
 
-    # -- max_age ------------------------------------------------------------------------------------
+    # -- max_age and per-message TTLs -------------------------------------------------------------
+    def _track_headers(self, stream: Stream, seq: int, ts: int, block: bytes, live: bool) -> None:
+        """Note the ``Nats-TTL`` of message ``seq`` (stored at ``ts``), and whether it
+        is a delete marker; ``live``: just appended (the expiry timer may need to move)."""
+        fields = _header_fields(block)
+        ttl = message_ttl(fields.get(MSG_TTL, b"").decode(errors="replace"))
+        if ttl:
+            self._track_ttl(stream, seq, ts, ttl, MARKER_REASON in fields, live)
+
+    def _track_ttl(
+        self, stream: Stream, seq: int, ts: int, ttl: int, marker: bool, live: bool
+    ) -> None:
+        """Message ``seq`` expires ``ttl`` seconds after ``ts`` (-1: never)."""
+        ttls = stream.ttls
+        if marker:
+            ttls.markers.add(seq)
+        if ttl == -1:
+            ttls.forever.add(seq)
+            return
+        deadline = ts + ttl * NS
+        ttls.add(seq, deadline)
+        if live and (self._expiry_timer is None or deadline < self._expiry_at):
+            self._schedule_expiry()
+
     def _expire(self, stream: Stream) -> None:
-        gone = stream.expired(self.clock.now())
-        if gone:
-            self._delete_seqs(stream, gone)
+        gone, markers = stream.expire(self.clock.now())
+        if not gone:
+            return
+        self._delete_seqs(stream, sorted(meta.seq for meta in gone))
+        marker_ttl = stream.config.subject_delete_marker_ttl
+        if not marker_ttl:
+            return
+        # The last message of a subject expired (and was not itself a marker): leave a
+        # marker so that watchers see the subject go, as nats-server does. It is stored
+        # in the commit that deletes the message, so a crash keeps both or neither.
+        headers = marker_headers(marker_ttl)
+        for meta in gone:
+            if meta.seq not in markers and not stream.last_by_subject(meta.subject):
+                self._marker_for = meta.seq
+                try:
+                    self._publish_one(stream, meta.subject, headers, b"", None, None)
+                finally:
+                    self._marker_for = 0
 
     def _schedule_expiry(self) -> None:
         nxt = 0
+        age = 0
         for stream in self.streams.values():
             due = stream.next_expiry()
             if due and (not nxt or due < nxt):
                 nxt = due
+            max_age = stream.config.max_age
+            if max_age and (not age or max_age < age):
+                age = max_age
+        if nxt and age:
+            # Publishes only move a pending timer earlier for a TTL: one due later than
+            # a max_age from now (a long TTL) must not hold up what max_age expires.
+            nxt = min(nxt, self.clock.now() + age)
         if self._expiry_timer is not None:
             if nxt and nxt >= self._expiry_at:
                 return  # the pending timer fires first and reschedules

@@ -136,10 +136,17 @@ class JetStreamApi:
     def start(self) -> None:
         self._api_sub = self.router.subscribe_internal(API_PREFIX + ">", self._on_api)
         self.broker.listeners.append(self)
+        self.broker.republisher.sink = self._republish
         for stream in self.broker.streams.values():
             self.on_stream_changed(stream)
 
+    def _republish(self, subject: str, headers: bytes, payload: bytes) -> None:
+        """A stream's ``republish``: to core NATS subscribers, as nats-server sends it."""
+        self.router.publish(None, subject, "", headers, payload)
+
     async def stop(self) -> None:
+        if self.broker.republisher.sink == self._republish:
+            self.broker.republisher.sink = None
         if self._api_sub is not None:
             self.router.unsubscribe_internal(self._api_sub)
         for subs in self._captures.values():
