@@ -358,9 +358,102 @@ async def stalls(s: Session) -> None:
     await s.info("M", "C")
 
 
+async def direct(s: Session, stream: str, body: Any, headers: dict[str, str] | None = None) -> None:
+    """A DIRECT.GET and every reply up to its closing status (time stamps dropped)."""
+    inbox = s.nc.new_inbox()
+    sub = await s.nc.subscribe(inbox)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    await s.nc.publish(f"{API}.DIRECT.GET.{stream}", data, reply=inbox, headers=headers)
+    got: list[Any] = []
+    while True:
+        try:
+            msg = await sub.next_msg(timeout=1)
+        except Exception:
+            got.append("no more")
+            break
+        hdrs = dict(msg.headers or {})
+        hdrs.pop("Nats-Time-Stamp", None)
+        got.append((msg.data, sorted(hdrs.items())))
+        if "Status" in hdrs:
+            break
+    await sub.unsubscribe()
+    s.log.append(got)
+
+
+async def direct_multi_last(s: Session) -> None:
+    await s.stream("G", subjects=["g.>"], allow_direct=True)
+    for subject in ("g.a", "g.b", "g.a", "g.c.x", "g.b", "g.c.y", "g.a"):
+        await s.nc.request(subject, subject.encode(), timeout=2)
+    await s.nc.request("g.h", b"h", headers={"k": "v"}, timeout=2)
+    for body in (
+        {"multi_last": ["g.>"]},
+        {"multi_last": ["g.a", "g.c.*"], "batch": 2},
+        {"multi_last": ["g.a", "g.>"]},
+        {"multi_last": ["g.>"], "up_to_seq": 3},
+        {"multi_last": ["g.>"], "seq": 5},
+        {"multi_last": ["g.>"], "max_bytes": 5},
+        {"multi_last": ["g.>"], "no_hdr": True},
+        {"multi_last": ["g.nope"]},
+        {"multi_last": ["g.>"], "up_to_time": "2000-01-01T00:00:00Z"},
+        {"multi_last": ["g.>"], "up_to_time": "2999-01-01T00:00:00Z"},
+        {"multi_last": ["g.>"], "up_to_time": "2200-01-01T00:00:00Z"},
+        {"multi_last": ["g.>"], "up_to_seq": 3, "up_to_time": "2999-01-01T00:00:00Z"},
+        {"multi_last": ["g.>"], "next_by_subj": "g.a"},
+        {"multi_last": ["g.>"], "last_by_subj": "g.a"},
+        {"multi_last": []},
+        {"up_to_seq": 3},
+        {"seq": 2, "batch": 2, "up_to_seq": 1},
+        {"seq": 1, "last_by_subj": "g.a"},
+        b"",
+        b"{bad",
+    ):
+        await direct(s, "G", body)
+    await direct(s, "G", {"seq": 1}, headers={"Nats-Required-Api-Level": "99"})
+    await direct(s, "G", {"seq": 1}, headers={"Nats-Required-Api-Level": "1"})
+    await s.stream("H", subjects=["h.>"], allow_direct=True)
+    for i in range(1030):
+        await s.nc.publish(f"h.{i}", b"x")
+    await s.nc.flush()
+    await asyncio.sleep(0.3)
+    await direct(s, "H", {"multi_last": ["h.>"]})
+    await direct(s, "H", {"multi_last": ["h.1"]})
+
+
+async def api_level(s: Session) -> None:
+    await s.stream("L", subjects=["l.>"])
+    await s.consumer("L", "C", ack_policy="explicit")
+    for level in ("99", "x", "1", " 1", ""):
+        headers = {"Nats-Required-Api-Level": level}
+        for subject in (f"{API}.STREAM.INFO.L", f"{API}.CONSUMER.INFO.L.C", f"{API}.INFO"):
+            msg = await s.nc.request(subject, b"", headers=headers, timeout=2)
+            out = observe(msg)
+            s.log.append(out.get("error") if isinstance(out, dict) else out)
+    inbox = s.nc.new_inbox()
+    sub = await s.nc.subscribe(inbox)
+    await s.nc.publish(
+        f"{API}.CONSUMER.MSG.NEXT.L.C",
+        b'{"batch":1,"no_wait":true}',
+        reply=inbox,
+        headers={"Nats-Required-Api-Level": "99"},
+    )
+    s.log.append(observe(await sub.next_msg(timeout=2)))
+    await sub.unsubscribe()
+
+
 @pytest.mark.parametrize(
     "scenario",
-    [priority_config, overflow, pinned, pin_timeout, prioritized, reset, config_fields, stalls],
+    [
+        priority_config,
+        overflow,
+        pinned,
+        pin_timeout,
+        prioritized,
+        reset,
+        config_fields,
+        stalls,
+        direct_multi_last,
+        api_level,
+    ],
     ids=lambda f: f.__name__,
 )
 async def test_same_as_nats_server(peers: Peers, scenario: Any) -> None:

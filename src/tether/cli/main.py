@@ -6,7 +6,6 @@ import asyncio
 import errno
 import gc
 import logging
-import os
 import socket
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from tether.cli.context import context_app
 from tether.cli.dead import dead_app
 from tether.cli.jobs import jobs_app
 from tether.cli.kv import kv_app
+from tether.cli.logs import setup as setup_logs
 from tether.cli.messages import register as register_messages
 from tether.cli.objects import object_app
 from tether.cli.server import server_app
@@ -60,22 +60,14 @@ def _root(version: VersionFlag = False) -> None:
     """Tether: a durable message broker with first-class pull consumers."""
 
 
-def _setup_logging(level: str, log_file: str | None = None) -> None:
-    # nats-server's log line shape, so scripts that scrape its stderr read ours too; with
-    # a log file, as there, the lines go to the file only.
-    handler: logging.Handler = logging.StreamHandler(sys.stderr)
-    if log_file:
-        try:
-            handler = logging.FileHandler(log_file)
-        except OSError as exc:
-            typer.echo(f"tether: log_file {log_file}: cannot open: {exc.strerror or exc}", err=True)
-            raise typer.Exit(2) from None
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format=f"[{os.getpid()}] %(asctime)s.%(msecs)03d000 [%(levelname).3s] %(message)s",
-        datefmt="%Y/%m/%d %H:%M:%S",
-        handlers=[handler],
-    )
+def _setup_logging(level: str, log_file: str | None = None, log_format: str = "text") -> None:
+    # nats-server's log line shape, or JSON lines (cli/logs.py); with a log file, as
+    # there, the lines go to the file only.
+    try:
+        setup_logs(level, log_file, log_format)
+    except OSError as exc:
+        typer.echo(f"tether: log_file {log_file}: cannot open: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _tls_flags(
@@ -179,6 +171,9 @@ def serve(
     log_level: Annotated[
         str | None, typer.Option(help="debug, info (the default), warning or error.")
     ] = None,
+    log_format: Annotated[
+        str | None, typer.Option(help="text (nats-server's lines, the default) or json.")
+    ] = None,
     webhook_broker_config: Annotated[
         Path | None,
         typer.Option(
@@ -235,6 +230,7 @@ def serve(
         "max_pending_total": max_pending_total,
         "server_name": server_name,
         "log_level": log_level,
+        "log_format": log_format,
         "webhook_broker_config": str(webhook_broker_config) if webhook_broker_config else None,
         "jetstream": jetstream,
     }
@@ -245,7 +241,7 @@ def serve(
     except (OSError, ValueError) as exc:
         typer.echo(f"tether: {exc}", err=True)
         raise typer.Exit(2) from None
-    _setup_logging(cfg.log_level, cfg.log_file)
+    _setup_logging(cfg.log_level, cfg.log_file, cfg.log_format)
     for warning in ignored:
         logging.getLogger("tether").warning("%s", warning)
     busy = _port_in_use(

@@ -119,6 +119,16 @@ class _Tick:
         self.atomic: list[tuple[str, int, int]] = []
 
 
+@dataclass(slots=True)
+class LoadProgress:
+    """How far :meth:`Broker.load` has come, for progress lines while a store loads."""
+
+    streams_total: int = 0
+    streams: int = 0
+    messages: int = 0
+    current: str = ""  # the stream being read now
+
+
 class Broker:
     """Streams and their messages, persisted through a :class:`Store`."""
 
@@ -132,6 +142,7 @@ class Broker:
         self._last_tick: _Tick | None = None
         self._expiry_timer: Timer | None = None
         self._expiry_at = 0
+        self.loaded = LoadProgress()
         self.batches = AtomicBatches(clock)
         # The one timer heap for delayed work (stream schedules, HTTP scheduled messages).
         self.timetable = sched.Timetable(clock)
@@ -151,14 +162,20 @@ class Broker:
     async def load(self) -> None:
         """Rebuild every stream's index from storage (after a restart or a crash)."""
         now = self.clock.now()
-        for record in await self.store.load_streams():
+        records = await self.store.load_streams()
+        self.loaded = LoadProgress(streams_total=len(records))
+        for record in records:
             config = decode_stored_config(record.config)
             stream = Stream(config, record.created_ns)
+            self.loaded.current = record.name
             index = await self.store.load_index(record.name)
             stream.load(index, await self.store.load_last_seq(record.name))
             await self._restore_dedup(stream, index, now)
             await self._restore_ttls(stream, index)
             self.streams[stream.name] = stream
+            self.loaded.streams += 1
+            self.loaded.messages += len(index)
+        self.loaded.current = ""
         for stream in self.streams.values():
             await self._load_features(stream)
         for stream in self.streams.values():
@@ -288,6 +305,7 @@ class Broker:
             if self.streams.get(config.name) is stream:
                 del self.streams[config.name]
             raise
+        log.debug("stream %s created (subjects %s)", stream.name, ", ".join(config.subjects))
         self._notify_changed(stream)
         return stream, True
 
@@ -308,6 +326,7 @@ class Broker:
                 StreamRecord(config.name, encode_config(config), stream.created_ns)
             )
         )
+        log.debug("stream %s updated", name)
         self._notify_changed(stream)
         self._schedule_expiry()
         return stream
@@ -339,6 +358,7 @@ class Broker:
         for listener in self.listeners:
             listener.on_stream_deleted(stream)
         await self._durable(self.store.delete_stream(name))
+        log.debug("stream %s deleted", name)
 
     async def purge_stream(self, name: str, filter_: str, seq: int, keep: int) -> int:
         """STREAM.PURGE: everything, or what ``filter_`` matches, below ``seq`` or but ``keep``."""

@@ -15,15 +15,16 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from tether.engine.broker import Broker
 from tether.engine.clock import LoopClock
 from tether.engine.consumers import ConsumerRegistry
 from tether.engine.jobs import ServiceSettings, WebhookService
 from tether.engine.sourcing import SourcingService
+from tether.server import banner
 from tether.server.config import ServerConfig
-from tether.server.http import monitor, webhook_api
+from tether.server.http import dashboard, monitor, prometheus, webhook_api
 from tether.server.http.auth import AsgiApp, GatewayMiddleware, Receive, Scope, Send
 from tether.server.http.common import text
 from tether.server.http.limits import HttpLimits
@@ -90,6 +91,7 @@ class Tether:
 
     async def start(self) -> None:
         cfg = self.config
+        banner.announce(cfg)
         if not await self._become_active(None):
             return
         if cfg.jetstream:
@@ -98,6 +100,7 @@ class Tether:
         if self.webhook_front is not None:
             web = Starlette(
                 routes=[
+                    *self._observe_routes(),
                     *monitor.routes(self),
                     readyz_route(lambda: self.role),
                     *self.webhook_front.routes,
@@ -115,6 +118,8 @@ class Tether:
         else:
             await self._start_http(front)
         await self._start_lookupd(limits)
+        if cfg.ui:
+            log.info("Dashboard on http://%s/ui/", show(cfg.host, self.http_port))
         log.info("Listening for client connections on %s", show(cfg.host, self.nats.port))
         log.info("Server is ready")
 
@@ -193,7 +198,9 @@ class Tether:
         self.store = open_store(cfg.store, sync=cfg.sync, **self._fencing())
         await self.store.open()
         self.broker = Broker(self.store, LoopClock())
-        await self.broker.load()
+        broker = self.broker
+        async with banner.loading("the store", banner.load_progress(broker.loaded)):
+            await broker.load()
         self.consumers = ConsumerRegistry(self.broker)
         self.jetstream = JetStreamApi(self.nats.router, self.broker, self.consumers)
         self.consumer_api = ConsumerApi(self.jetstream, self.consumers, self.nats)
@@ -262,13 +269,22 @@ class Tether:
 
     def _gateway(self, app: AsgiApp) -> GatewayMiddleware:
         cfg = self.config
+        # The dashboard checks its own credentials (server/http/dashboard.py).
+        ui = ["/ui", "/docs"] if cfg.ui else []
         return GatewayMiddleware(
             app,
             max_body=webhook_api.max_body(cfg),
             secret=cfg.http_gateway_secret,
             tolerance=cfg.http_gateway_tolerance,
-            exempt=cfg.http_gateway_exempt,
+            exempt=[*cfg.http_gateway_exempt, *ui],
         )
+
+    def _observe_routes(self) -> list[BaseRoute]:
+        """``/metrics``, and the dashboard and ``/docs`` unless ``ui = false``."""
+        found: list[BaseRoute] = [*prometheus.routes(self)]
+        if self.config.ui:
+            found += dashboard.routes(self)
+        return found
 
     def _without_engine(self, why: str) -> AsgiApp:
         """The HTTP app while the engine is off: the monitoring endpoints, and ``503`` with
@@ -278,7 +294,11 @@ class Tether:
             return text(503, why)
 
         return Starlette(
-            routes=[*monitor.routes(self), Route("/{path:path}", unavailable, methods=_METHODS)],
+            routes=[
+                *self._observe_routes(),
+                *monitor.routes(self),
+                Route("/{path:path}", unavailable, methods=_METHODS),
+            ],
             middleware=[Middleware(self._gateway)],
         )
 

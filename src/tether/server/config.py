@@ -147,6 +147,16 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server_name: str = ""
     log_level: str = "info"
     log_file: str | None = None  # log here instead of stderr
+    log_format: Literal["text", "json"] = "text"  # json: one object a line (cli/logs.py)
+    # -- the dashboard (/ui/), /docs and /metrics (docs/operations.md) ----------------------
+    ui: bool = True  # serve the dashboard at /ui/ and the API reference at /docs
+    ui_read_only: bool = False  # the dashboard shows, never acts (requeue, delete)
+    # Basic credentials the dashboard's actions need; without a password they need none
+    # unless clients must authenticate (then the dashboard cannot act at all).
+    http_admin_user: str = "admin"
+    http_admin_password: str | None = None  # plain, or a bcrypt hash ($2a$/$2b$)
+    ui_anonymous: Literal["read", "refuse"] = "read"  # without credentials: look, or nothing
+    metrics_max_consumers: Annotated[int, msgspec.Meta(ge=0)] = 10_000  # series past it: none
     pid_file: str | None = None  # the process id, written at start, removed at exit
     # -- webhook-broker compatible HTTP API (docs/http-api.md) --------------------------------
     # A webhook-broker INI file: seed data plus [broker], [consumer-connection], [http],
@@ -307,6 +317,11 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
     if cfg.log_level.lower() not in LOG_LEVELS:
         raise ValueError(
             f"{source('log_level')}: unknown log level: expected one of {', '.join(LOG_LEVELS)}"
+        )
+    if cfg.ui_anonymous == "refuse" and not cfg.http_admin_password:
+        raise ValueError(
+            f"{source('ui_anonymous')}: nobody could see the dashboard: "
+            "set http_admin_password too"
         )
     problem = _store_problem(cfg.store)
     if problem:

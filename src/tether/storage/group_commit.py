@@ -27,6 +27,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from tether.storage.base import (
     StoredMessage,
     StreamRecord,
 )
+from tether.storage.stats import StoreStats
 
 __all__ = [
     "APPEND",
@@ -430,6 +432,7 @@ class ThreadCommitter(Generic[C]):
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self.stats = StoreStats()  # commit sizes and latencies, for /metrics
 
     async def start(self) -> None:
         """Start the thread and wait for :meth:`Committer.setup` to succeed or fail."""
@@ -531,8 +534,12 @@ class ThreadCommitter(Generic[C]):
 
     def _commit(self, batches: list[Batch]) -> None:
         results: list[Settled]
+        started = time.perf_counter()
         try:
             self._committer.commit([batch.ops for batch in batches])
+            stats = self.stats
+            stats.commit_seconds.observe(time.perf_counter() - started)
+            stats.commit_ops.observe(sum(len(batch.ops) for batch in batches))
         except Exception as exc:
             if len(batches) == 1:
                 results = [self._without_culprits(batches[0], exc)]

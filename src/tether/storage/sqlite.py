@@ -21,6 +21,7 @@ import os
 import sqlite3
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,7 @@ from tether.storage.manifest import (
     remove_manifest,
     write_manifest,
 )
+from tether.storage.stats import LATENCY_BUCKETS, Histogram, StoreStats, disk_bytes
 
 __all__ = ["DB_FILENAME", "SqliteStore"]
 
@@ -286,6 +288,7 @@ class _Writer:
     def __init__(self, path: Path, sync: Literal["always", "os"]) -> None:
         self.path = path
         self.sync = sync
+        self.sync_seconds = Histogram(LATENCY_BUCKETS)  # the COMMIT statement alone
         self.directory = path.parent
         self.wal_path = path.with_name(path.name + WAL_SUFFIX)
         self._conn: sqlite3.Connection | None = None
@@ -476,7 +479,9 @@ class _Writer:
             for ops in batches:
                 txn.apply(ops)
             txn.finish()
-            conn.execute(SQL_COMMIT)
+            started = time.perf_counter()
+            conn.execute(SQL_COMMIT)  # the WAL write, and its fsync with sync="always"
+            self.sync_seconds.observe(time.perf_counter() - started)
         except BaseException as exc:
             self._rollback(conn)
             if isinstance(exc, sqlite3.Error):
@@ -1088,6 +1093,15 @@ class SqliteStore(BatchingStore):
         conn.execute(SQL_BUSY_TIMEOUT)
         self._local.conn = conn
         return conn
+
+    def stats(self) -> StoreStats:
+        """Commit sizes and latencies, and the COMMIT statement's time (for /metrics)."""
+        stats = self._committer.stats
+        return StoreStats(stats.commit_ops, stats.commit_seconds, self._writer.sync_seconds)
+
+    def disk_bytes(self) -> int:
+        """Bytes of the store's files (database, WAL, manifest)."""
+        return disk_bytes(self.directory)
 
     async def load_streams(self) -> list[StreamRecord]:
         return await self._run_read(_load_streams)

@@ -203,6 +203,7 @@ class ConsumerRegistry:
             if config != existing.config:
                 existing.update_config(config)
                 await self._durable(self._put(existing))
+                log.debug("consumer %s > %s updated", stream.name, name)
             return existing, False
         if action == "update":
             raise consumer_does_not_exist()
@@ -222,6 +223,7 @@ class ConsumerRegistry:
             name = self._new_name(consumers)
         consumer = self._build(stream, name, config, self.clock.now())
         await self._durable(self._put(consumer))
+        log.debug("consumer %s > %s created", stream.name, name)
         if activate:
             self.activate(consumer)
         return consumer, True
@@ -267,6 +269,7 @@ class ConsumerRegistry:
     async def delete(self, stream_name: str, name: str) -> None:
         consumer = self.get(stream_name, name)
         await self._durable(self._remove(consumer))
+        log.debug("consumer %s > %s deleted", stream_name, name)
 
     async def pause(self, stream_name: str, name: str, until_ns: int) -> Consumer:
         consumer = self.get(stream_name, name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -21,6 +22,8 @@ from tether.engine.jobs import Channel, Consumer, Producer
 from tether.engine.jobs.registry import verify_token as _verify_token
 from tether.protocol.numbers import parse_uint
 from tether.server.http.common import NOT_FOUND, Api, text
+
+log = logging.getLogger("tether.http")
 
 CHANNEL_TOKEN = "x-broker-channel-token"
 PRODUCER_ID = "x-broker-producer-id"
@@ -57,6 +60,7 @@ def verify_token(token: str | None, stored: str) -> bool:
 
 def _token_refused(kind: str, header: str, given: str | None) -> Response:
     """403, in webhook-broker's words when a token was sent; naming the header when not."""
+    log.debug("http: %s token refused (%s)", kind, "missing" if not given else "no match")
     if not given:
         name = "-".join(part.capitalize() for part in header.split("-"))
         return text(403, f"{kind} token is missing: send it in the {name} header")
@@ -246,6 +250,7 @@ class GatewayMiddleware:
         if self.secret is not None and not str(scope["path"]).startswith(self.exempt):
             refusal = self._check(signature, body)
             if refusal is not None:
+                log.debug("http: %s refused by the gateway: %s", scope["path"], refusal[1])
                 await _reply(send, *refusal, rid)
                 return None
         return body

@@ -30,6 +30,7 @@ from tether.server.config import ServerConfig
 from tether.server.nats.connection import ClientConnection
 from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.jetstream import JetStreamApi
+from tether.server.nats.requests import API_LEVEL
 from tether.server.nats.server import NatsServer
 from tether.version import NATS_COMPAT_VERSION, __version__
 
@@ -540,7 +541,7 @@ def _js_stats(broker: Broker, js: JetStreamApi) -> dict[str, Any]:
         "reserved_storage": 0,
         "accounts": 1,
         "ha_assets": 0,
-        "api": {"level": 1, "total": js.api_total, "errors": js.api_errors},
+        "api": {"level": API_LEVEL, "total": js.api_total, "errors": js.api_errors},
     }
 
 

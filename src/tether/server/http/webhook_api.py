@@ -23,7 +23,7 @@ from tether.server.http import jobs_api, messages, resources
 from tether.server.http.auth import AsgiApp, GatewayMiddleware
 from tether.server.http.common import Api, ApiSettings, json
 from tether.server.http.lean import LeanRoutes
-from tether.server.http.metrics import dlq_status, job_status, metrics_endpoint
+from tether.server.http.metrics import dlq_status, job_status
 from tether.server.http.openapi import openapi_document
 from tether.server.webhooks.worker import PushDelivery, PushSettings
 
@@ -121,7 +121,6 @@ def build(service: WebhookService, cfg: ServerConfig) -> WebhookFront:
         Route("/_status", status, methods=["GET"]),
         Route("/job-status", jobs_status, methods=["GET"]),
         Route("/dlq-status", dead_status, methods=["GET"]),
-        Route("/metrics", metrics_endpoint(service), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         *resources.routes(api),
         *messages.routes(api),

@@ -217,6 +217,7 @@ class ClientConnection(asyncio.Protocol):
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote = (str(peer[0]), int(peer[1]))
         self.transport.write(encode_info(self.server.info_for(self)))
+        log.debug("%s:%d - cid:%d - Client connection created", *self.remote, self.cid)
         if not self.server.admit(self):
             self.close_with_error(errors.MAX_CONNECTIONS)
             return
@@ -263,6 +264,12 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        log.debug(
+            "%s:%d - cid:%d - Client connection closed%s",
+            *self.remote,
+            self.cid,
+            f": {exc}" if exc is not None else "",
+        )
         for timer in (self._ping_timer, self._auth_timer, self._expiry_timer):
             if timer is not None:
                 timer.cancel()

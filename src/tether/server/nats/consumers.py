@@ -401,6 +401,10 @@ class ConsumerApi:
             block = b"NATS/1.0 503\r\nNats-Subject: " + encode(subject) + b"\r\n\r\n"
             self.router.publish(None, reply, "", block, b"")
             return
+        if headers is not None and consumer.is_pull and requests.api_level_unmet(headers):
+            block = b"NATS/1.0 412 Required Api Level\r\n\r\n"
+            self.router.publish(None, reply, "", block, b"")
+            return
         consumer.pull(reply, payload)
 
     def _on_ack(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:

@@ -58,6 +58,33 @@ MAX_SUBJECT_DETAILS = 100_000  # subjects per STREAM.INFO page (JSMaxSubjectDeta
 NAMES_LIMIT = 1024
 LIST_LIMIT = 256
 DIRECT_MAX_BYTES = 64 * 1024 * 1024  # a batch's default byte budget (nats-server's MaxPending)
+MULTI_LAST_LIMIT = 1024  # results of one multi_last DIRECT.GET
+INT64_MAX = (1 << 63) - 1
+
+
+def multi_last_seqs(stream: Stream, filters: list[str], up_to: int) -> list[int] | None:
+    """The last sequence at or below ``up_to`` of each subject matching ``filters``, in
+    order; None past :data:`MULTI_LAST_LIMIT` results (nats-server's 413)."""
+    found: set[int] = set()
+    meta_of = stream.meta
+    for f in filters:
+        for subject in stream.matching_subjects((f,)):
+            seq = stream.last_by_subject(subject)
+            if seq > up_to:
+                # Walk back to the subject's last message at or below the ceiling.
+                seq = next(
+                    (
+                        s
+                        for s in range(up_to, stream.first_seq - 1, -1)
+                        if (m := meta_of(s)) is not None and m.subject == subject
+                    ),
+                    0,
+                )
+            if seq:
+                found.add(seq)
+        if len(found) > MULTI_LAST_LIMIT:
+            return None
+    return sorted(found)
 
 
 def _direct_headers(
@@ -200,6 +227,9 @@ class JetStreamApi:
         if stream.config.allow_direct:
 
             def direct(subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
+                if reply and requests.api_level_unmet(headers):
+                    self._status(reply, b"NATS/1.0 412 Required Api Level\r\n\r\n")
+                    return
                 self._spawn(self._direct_get(name, subject, reply, payload))
 
             prefix = f"{API_PREFIX}DIRECT.GET.{name}"
@@ -346,6 +376,8 @@ class JetStreamApi:
     ) -> None:
         rtype = f"io.nats.jetstream.api.v1.{response_type}"
         try:
+            if headers is not None and requests.api_level_unmet(headers):
+                raise requests.required_api_level()
             body = await handler(args, reply, headers, payload)
         except NoReply:
             return
@@ -451,7 +483,11 @@ class JetStreamApi:
             **usage,
             "reserved_memory": 0,
             "reserved_storage": 0,
-            "api": {"level": 1, "total": self.api_total, "errors": self.api_errors},
+            "api": {
+                "level": requests.API_LEVEL,
+                "total": self.api_total,
+                "errors": self.api_errors,
+            },
             "limits": {
                 "max_memory": -1,
                 "max_storage": -1,
@@ -614,7 +650,9 @@ class JetStreamApi:
             except BodyError:
                 self._status(reply, b"NATS/1.0 408 Malformed Request\r\n\r\n")
                 return
-            if not (req.seq or req.last_by_subj or req.next_by_subj or req.start_time):
+            if not (
+                req.seq or req.last_by_subj or req.next_by_subj or req.multi_last or req.start_time
+            ):
                 self._status(reply, b"NATS/1.0 408 Empty Request\r\n\r\n")
                 return
             if (
@@ -623,11 +661,16 @@ class JetStreamApi:
                 or (req.start_time and req.last_by_subj)
                 or (req.last_by_subj and req.next_by_subj)
                 or (req.last_by_subj and req.batch > 0)
-                or req.multi_last
+                or (req.last_by_subj and req.multi_last)
+                or (req.next_by_subj and req.multi_last)
+                or (req.up_to_seq and req.up_to_time)
             ):
                 self._status(reply, b"NATS/1.0 408 Bad Request\r\n\r\n")
                 return
             stream = self.broker.get_stream(name)
+            if req.multi_last:
+                await self._direct_multi_last(stream, reply, req)
+                return
             start = self._start_seq(stream, req)
             if req.batch > 0:
                 await self._direct_batch(stream, reply, req, start)
@@ -706,6 +749,68 @@ class JetStreamApi:
             reply,
             b"NATS/1.0 204 EOB\r\nNats-Num-Pending: %d\r\nNats-Last-Sequence: %d\r\n\r\n"
             % (pending, last),
+        )
+
+    async def _direct_multi_last(self, stream: Stream, reply: str, req: DirectGetRequest) -> None:
+        """``multi_last``: the last message of each subject matching the filters (at or
+        below ``up_to_seq`` / before ``up_to_time``), in stream order, batched as
+        nats-server's ``getDirectMulti`` sends them; ``seq`` skips those below it."""
+        up_to = req.up_to_seq
+        if req.up_to_time is not None:
+            try:
+                when = parse_rfc3339(req.up_to_time)
+            except ValueError:
+                raise errors.invalid_json("parsing time: invalid up_to_time") from None
+            first_at = stream.seq_from_time(when) or stream.last_seq + 1
+            # A time past int64 nanoseconds (year 2262) wraps in nats-server's store
+            # and finds nothing: the same answer here.
+            if first_at <= stream.first_seq or when > INT64_MAX:
+                self._status(reply, b"NATS/1.0 404 No Results\r\n\r\n")
+                return
+            up_to = first_at - 1
+        if up_to == 0:
+            up_to = stream.last_seq
+        seqs = multi_last_seqs(stream, req.multi_last or [], up_to)
+        if seqs is None:
+            self._status(reply, b"NATS/1.0 413 Too Many Results\r\n\r\n")
+            return
+        if not seqs:
+            self._status(reply, b"NATS/1.0 404 No Results\r\n\r\n")
+            return
+        max_bytes = req.max_bytes if req.max_bytes > 0 else DIRECT_MAX_BYTES
+        pending = len(seqs)
+        chosen: list[tuple[int, int]] = []  # (seq, pending after it)
+        sent_bytes = 0
+        for seq in seqs:
+            pending -= 1
+            if seq < req.seq:
+                continue
+            chosen.append((seq, pending))
+            meta = stream.meta(seq)
+            sent_bytes += meta.size - 16 if meta is not None else 0
+            if sent_bytes >= max_bytes or (req.batch > 0 and len(chosen) >= req.batch):
+                break
+        loaded = {m.seq: m for m in await self.broker.read_many(stream, [c[0] for c in chosen])}
+        name = encode(stream.name)
+        last = 0
+        blocks: list[bytes] = []
+        payloads: list[bytes] = []
+        for seq, left in chosen:
+            msg = loaded.get(seq)
+            if msg is None:
+                self._status(reply, b"NATS/1.0 404 Message Not Found\r\n\r\n")
+                return
+            # Headers always (nats-server's multi_last does not apply ``no_hdr``).
+            blocks.append(_direct_headers(name, msg, rfc3339(msg.ts).encode(), left, last))
+            payloads.append(msg.data)
+            last = seq
+        if blocks:
+            self.router.publish_headered(reply, blocks, payloads)
+        left = chosen[-1][1] if chosen else 0
+        self._status(
+            reply,
+            b"NATS/1.0 204 EOB\r\nNats-Num-Pending: %d\r\nNats-Last-Sequence: %d\r\n"
+            b"Nats-UpTo-Sequence: %d\r\n\r\n" % (left, last, up_to),
         )
 
     def _send_direct(self, reply: str, name: str, msg: StoredMessage, no_headers: bool) -> None:

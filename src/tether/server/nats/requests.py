@@ -37,6 +37,33 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
+# The JetStream API level (ADR-44) whose features Tether implements: reported as
+# ``api.level`` in account info, and what ``Nats-Required-Api-Level`` is checked against.
+API_LEVEL = 1
+_REQUIRED_LEVEL = b"\r\nNats-Required-Api-Level:"
+_GO_ATOI = re.compile(rb"[+-]?[0-9]+")
+
+
+def api_level_unmet(headers: bytes | None) -> bool:
+    """A request needs a higher API level than :data:`API_LEVEL` (or names one that is not
+    a number), as nats-server's ``errorOnRequiredApiLevel`` decides."""
+    if not headers:
+        return False
+    i = headers.find(_REQUIRED_LEVEL)
+    if i < 0:
+        return False
+    start = i + len(_REQUIRED_LEVEL)
+    end = headers.find(b"\r\n", start)
+    value = headers[start : end if end >= 0 else len(headers)].lstrip(b" \t")
+    if not value:
+        return False
+    return _GO_ATOI.fullmatch(value) is None or int(value) > API_LEVEL
+
+
+def required_api_level() -> errors.ApiError:
+    return errors.ApiError(412, 10185, "JetStream minimum api level required")
+
+
 class BodyError(ValueError):
     """A body nats-server would not decode; ``str(exc)`` says why (Go's words where
     they are known)."""

@@ -1,0 +1,88 @@
+"""What ``tether serve`` says about itself as it starts: version, store, sync mode, and
+progress lines while a large store loads (an operator otherwise sees nothing for
+seconds and wonders whether it hangs)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from tether.engine.broker import LoadProgress
+from tether.server.config import ServerConfig
+from tether.version import NATS_COMPAT_VERSION, __version__
+
+log = logging.getLogger("tether")
+
+SYNC_MODES = {
+    "always": "always (every group commit is fsynced before it is confirmed)",
+    "os": "os (the operating system flushes: survives a crash of Tether, not a power loss)",
+}
+PROGRESS_EVERY = 1.0  # seconds between two progress lines
+
+
+def store_location(url: str) -> str:
+    """The store URL as an operator needs it in a log: an SQLite directory made absolute
+    (``sqlite:///var/lib/tether``), a database URL without its password."""
+    scheme, colon, rest = url.partition(":")
+    if url == "memory":
+        return "memory (nothing is kept on disk)"
+    if colon and scheme == "sqlite":
+        directory = Path(rest.removeprefix("//")).expanduser().resolve()
+        return f"sqlite://{directory}"
+    parts = urlsplit(url)
+    if parts.password is not None:
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        parts = parts._replace(netloc=user + host)
+    return urlunsplit(parts)
+
+
+def announce(cfg: ServerConfig) -> None:
+    """The first lines: one each for the version, the store and the sync mode."""
+    log.info("Starting tether")
+    log.info("  Version:  %s (NATS protocol of nats-server %s)", __version__, NATS_COMPAT_VERSION)
+    if cfg.jetstream:
+        log.info("  Store:    %s", store_location(cfg.store))
+        log.info("  Sync:     %s", SYNC_MODES.get(cfg.sync, cfg.sync))
+    else:
+        log.info("  Store:    none (jetstream = false)")
+
+
+def load_progress(loaded: LoadProgress) -> Callable[[], str]:
+    """What a progress line says about the streams loaded so far."""
+
+    def say() -> str:
+        now = f", reading {loaded.current}" if loaded.current else ""
+        return (
+            f"{loaded.streams} of {loaded.streams_total} streams, {loaded.messages:,} messages{now}"
+        )
+
+    return say
+
+
+@contextlib.asynccontextmanager
+async def loading(what: str, progress: Callable[[], str]) -> AsyncIterator[None]:
+    """Around a long load: a line every second saying ``progress()``, then one with the
+    time it took. Loads quicker than a second say only the last line."""
+    started = time.monotonic()
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY)
+            log.info("Loading %s: %s (%.1fs)", what, progress(), time.monotonic() - started)
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        yield
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+    log.info("Loaded %s: %s in %.2fs", what, progress(), time.monotonic() - started)
