@@ -187,12 +187,6 @@ async def test_tls_verify_and_map(
 ) -> None:
     """The certificate names the user: by its e-mail address, or by its subject DN; a
     certificate naming nobody in ``users`` is an Authorization Violation."""
-    if kind == "tether":
-        # Known issue: under uvloop, one TLS upgrade in this sequence sometimes stalls
-        # until the client's handshake deadline. Reported with issue 15; the mapping
-        # itself passes whenever the handshakes complete.
-        reason = "intermittent TLS upgrade stall under uvloop (issue 15)"
-        request.applymarker(pytest.mark.xfail(strict=False, reason=reason))
     by_dn = ca.issue_cert("dn-only.example", common_name="alice")
     nobody = ca.issue_cert("nobody@example.com")
     pems = {}

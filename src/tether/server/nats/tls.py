@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import cast
 
 from tether.server.config import ServerConfig
 from tether.server.nats.connection import ClientConnection
+from tether.server.tls_transport import TLSError, TLSSession
 
 log = logging.getLogger("tether.nats")
 
@@ -61,62 +61,58 @@ def websocket_tls(cfg: ServerConfig) -> ssl.SSLContext | None:
 
 class UpgradingConnection(ClientConnection):
     """A client on a TLS-required port without ``handshake_first``: plaintext INFO, then
-    the handshake; nothing is read or written in plain text in between."""
+    the handshake; nothing is read or written in plain text in between.
+
+    The socket keeps this protocol throughout (see :mod:`tether.server.tls_transport`):
+    until the handshake ends the connection has no transport, so what it wants to write
+    waits in its buffer and no plaintext byte reaches the parser.
+    """
 
     tls_context: ssl.SSLContext  # set by the server on each instance
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # writes INFO on the plain socket
         raw = self.transport
+        self._tls: TLSSession | None = None
         if raw is None or self.closing:
             return
-        # Until the handshake is done the connection has no transport: what it wants to
-        # write waits in its buffer, and no plaintext byte reaches the parser.
-        raw.pause_reading()
         if self._auth_timer is not None:  # bounded by tls_timeout until the handshake ends
             self._auth_timer.cancel()
             self._auth_timer = None
-        self._raw: asyncio.Transport | None = raw
-        self._early: list[bytes] = []
+        self._tls = TLSSession(raw, self.tls_context)
         self.transport = None
-        self._upgrade = self._loop.create_task(self._handshake(raw))
-
-    async def _handshake(self, raw: asyncio.Transport) -> None:
         timeout = self.server.config.tls_timeout
-        starting = asyncio.ensure_future(
-            self._loop.start_tls(
-                raw,
-                self,
-                self.tls_context,
-                server_side=True,
-                ssl_handshake_timeout=timeout if timeout > 0 else None,
-            )
+        self._tls_timer: asyncio.TimerHandle | None = (
+            self._loop.call_later(timeout, self._handshake_expired) if timeout > 0 else None
         )
+
+    def data_received(self, data: bytes) -> None:
+        session = getattr(self, "_tls", None)
+        if session is None:
+            super().data_received(data)
+            return
+        was_done = session.handshake_done
         try:
-            # start_tls gives the socket to its TLS protocol (reading paused), then runs
-            # that protocol's connection_made and resumes reading: after both, the bytes
-            # read before go first.
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
-            early, self._early = b"".join(self._early), []
-            if early:
-                _feed(raw.get_protocol(), early)
-            secure = await starting
-        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
-            log.info("client %d: TLS handshake error: %s", self.cid, exc or type(exc).__name__)
-            self._lost_in_handshake(raw)
+            chunks = session.feed(data)
+        except TLSError as exc:
+            log.info("client %d: TLS %s error: %s", self.cid, _stage(was_done), exc)
+            self._drop(session)
             return
-        except asyncio.CancelledError:
-            starting.cancel()
-            self._lost_in_handshake(raw)
-            raise
-        self._raw = None
-        if secure is None or self.closing:
-            self._lost_in_handshake(raw)
-            return
+        if not was_done and session.handshake_done:
+            self._established(session)
+        for chunk in chunks:
+            if self.closing:
+                return
+            super().data_received(chunk)
+        if session.closed_by_peer and not self.closing:
+            self.close(linger=False)
+
+    def _established(self, session: TLSSession) -> None:
+        if self._tls_timer is not None:
+            self._tls_timer.cancel()
+            self._tls_timer = None
+        secure = session.transport
         self.transport = secure
-        low, high = raw.get_write_buffer_limits()
-        secure.set_write_buffer_limits(high=high, low=low)
         cfg = self.server.config
         if cfg.auth_required and not self.connected:
             # The client's time to authenticate starts once TLS is up (nats-server gives
@@ -124,19 +120,23 @@ class UpgradingConnection(ClientConnection):
             self._auth_timer = self._loop.call_later(cfg.auth_timeout, self._auth_expired)
         self.flush_now()
 
-    def _lost_in_handshake(self, raw: asyncio.Transport) -> None:
-        self._raw = None
-        raw.abort()
-        if not self.closing:
-            self.connection_lost(None)
+    def _handshake_expired(self) -> None:
+        self._tls_timer = None
+        session = self._tls
+        if session is not None and not session.handshake_done:
+            log.info("client %d: TLS handshake error: timeout", self.cid)
+            self._drop(session)
 
-    def data_received(self, data: bytes) -> None:
-        if self.transport is None and getattr(self, "_raw", None) is not None:
-            # The start of the handshake, read before the TLS layer took the socket
-            # over (uvloop may read once after connection_made): it is handed on.
-            self._early.append(bytes(data))
-            return
-        super().data_received(data)
+    def _drop(self, session: TLSSession) -> None:
+        """Gone without an -ERR: a client whose TLS failed could not read one."""
+        session.raw.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        timer = getattr(self, "_tls_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._tls_timer = None
+        super().connection_lost(exc)
 
     def close_with_error(self, message: str) -> None:
         if self._handshaking():
@@ -149,29 +149,19 @@ class UpgradingConnection(ClientConnection):
         super().close(linger=linger)
 
     def _handshaking(self) -> bool:
-        raw = getattr(self, "_raw", None)
-        if raw is None or self.transport is not None:
+        session = getattr(self, "_tls", None)
+        if session is None or session.handshake_done:
             return False
-        self._upgrade.cancel()  # the handler aborts the socket and forgets the client
+        self._drop(session)
         return True
 
     @property
     def tls_version(self) -> str:
-        transport = self.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-        return str(ssl_object.version()) if ssl_object is not None else ""
+        session = getattr(self, "_tls", None)
+        if session is None or not session.handshake_done:
+            return ""
+        return str(session.ssl_object.version() or "")
 
 
-def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
-    """Bytes into a protocol as its transport would hand them over."""
-    get_buffer = getattr(protocol, "get_buffer", None)
-    if get_buffer is None:
-        cast(asyncio.Protocol, protocol).data_received(data)
-        return
-    view = memoryview(data)
-    while view:
-        buf = get_buffer(len(view))
-        n = min(len(buf), len(view))
-        buf[:n] = view[:n]
-        cast(asyncio.BufferedProtocol, protocol).buffer_updated(n)
-        view = view[n:]
+def _stage(done: bool) -> str:
+    return "record" if done else "handshake"
