@@ -323,6 +323,10 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
             f"{source('ui_anonymous')}: nobody could see the dashboard: "
             "set http_admin_password too"
         )
+    if cfg.ui_anonymous == "refuse" and not cfg.http_admin_password:
+        raise ValueError(
+            f"{source('ui_anonymous')}: nobody could see the dashboard: set http_admin_password too"
+        )
     problem = _store_problem(cfg.store)
     if problem:
         raise ValueError(f"{source('store')}: {problem}: expected {STORE_FORMS}")
