@@ -1,0 +1,327 @@
+"""Atomic batches, counters and message schedules: the same requests against Tether and
+nats-server, compared field by field.
+
+Each scenario is a list of publishes and API requests sent with nats-py; every reply
+(PubAcks with their ``batch``/``count``/``val``, error PubAcks, empty replies, stream
+configurations) is normalized (times, ids and the ``_nats`` metadata dropped, file
+storage byte counts dropped as in the stream conformance) and the lists must be equal.
+Schedules also compare what was stored once they fired: subjects, headers, bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeout
+
+from tether.testing import run_server
+
+pytestmark = pytest.mark.peer
+
+_VOLATILE = {"ts", "created", "first_ts", "last_ts", "time", "cluster", "server_id"}
+
+
+@dataclass
+class Peers:
+    tether: str
+    nats: str
+
+
+@pytest.fixture(scope="module")
+def peers(nats_peer_url: str) -> Iterator[Peers]:
+    with run_server() as tether:
+        yield Peers(tether.url, nats_peer_url)
+
+
+def normalize(value: Any) -> Any:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key in _VOLATILE:
+                continue
+            if key == "metadata" and isinstance(item, dict):
+                item = {k: v for k, v in item.items() if not k.startswith("_nats")}
+                if not item:
+                    continue
+            out[key] = normalize(item)
+        state = out.get("state")
+        if isinstance(state, dict):
+            state.pop("bytes", None)  # file-storage record sizes differ (compatibility.md)
+        return out
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    return value
+
+
+async def request(nc: Client, subject: str, body: Any = b"", headers: Any = None) -> Any:
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    try:
+        msg = await nc.request(subject, data, headers=headers, timeout=2)
+    except NatsTimeout:
+        return "<no reply>"
+    if not msg.data:
+        return "<empty reply>"
+    doc = json.loads(msg.data)
+    # nats-server writes `"duplicate": true` with a space; the value is what counts.
+    return normalize(doc)
+
+
+Step = tuple[str, Any, Any]  # (subject, body, headers)
+
+
+async def run(url: str, steps: list[Step]) -> list[Any]:
+    nc = await nats.connect(url)
+    try:
+        return [await request(nc, subject, body, headers) for subject, body, headers in steps]
+    finally:
+        await nc.close()
+
+
+async def compare(peers: Peers, steps: list[Step]) -> list[Any]:
+    theirs = await run(peers.nats, steps)
+    ours = await run(peers.tether, steps)
+    for step, a, b in zip(steps, theirs, ours, strict=True):
+        assert b == a, f"{step[0]} {step[2]}: nats-server {a!r}, Tether {b!r}"
+    return ours
+
+
+def batch(batch_id: str, seq: int, commit: str = "", **more: str) -> dict[str, str]:
+    out = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq), **more}
+    if commit:
+        out["Nats-Batch-Commit"] = commit
+    return out
+
+
+async def test_atomic_batches(peers: Peers) -> None:
+    create = {"name": "AB", "subjects": ["ab.>"], "allow_atomic": True, "allow_rollup_hdrs": True}
+    steps: list[Step] = [
+        ("$JS.API.STREAM.CREATE.AB", create, None),
+        ("$JS.API.STREAM.CREATE.NB", {"name": "NB", "subjects": ["nb.>"]}, None),
+        ("nb.x", b"d", batch("x", 1)),
+        ("ab.x", b"1", batch("b1", 1)),
+        ("ab.y", b"2", batch("b1", 2)),
+        ("ab.x", b"3", batch("b1", 3, "1")),
+        ("ab.x", b"4", batch("b2", 1)),
+        ("ab.x", b"5", batch("b2", 2, "eob")),
+        ("ab.x", b"d", batch("b4", 1, "eob")),
+        ("ab.x", b"d", batch("b5", 2)),
+        ("ab.x", b"d", batch("b5b", 1001)),
+        ("ab.x", b"d", batch("b6", 1, "yes")),
+        ("ab.x", b"d", batch("x" * 65, 1)),
+        ("ab.x", b"d", {"Nats-Batch-Id": "b7"}),
+        ("ab.x", b"d", batch("b8", 0)),
+        ("ab.x", b"d", batch("g", 1)),
+        ("ab.x", b"d", batch("g", 3)),
+        ("ab.x", b"d", batch("g", 2, "1")),
+        ("ab.x", b"d", batch("m", 1, **{"Nats-Msg-Id": "m1"})),
+        ("ab.x", b"d", batch("m", 2, "1", **{"Nats-Msg-Id": "m1"})),
+        ("ab.x", b"d", batch("e", 1, "1", **{"Nats-Expected-Last-Msg-Id": "m1"})),
+        ("ab.x", b"d", batch("s", 1, **{"Nats-Expected-Last-Sequence": "1"})),
+        ("ab.x", b"d", batch("s", 2, "1")),
+        ("ab.x", b"d", batch("i", 1, "1", **{"Nats-Msg-Id": "m1"})),
+        ("ab.x", b"d", batch("i2", 1, "1", **{"Nats-Msg-Id": "m1"})),
+        ("ab.z", b"d", batch("p", 1, **{"Nats-Expected-Last-Subject-Sequence": "0"})),
+        ("ab.z", b"d", batch("p", 2, "1", **{"Nats-Expected-Last-Subject-Sequence": "0"})),
+        ("ab.x", b"d", batch("r", 1, "1", **{"Nats-Rollup": "sub"})),
+        ("ab.x", b"d", batch("", 1, "1")),
+        ("ab.x", b"d", batch("c", 1, "1", **{"Nats-Incr": "1"})),
+        ("$JS.API.STREAM.INFO.AB", b"", None),
+        ("$JS.API.STREAM.MSG.GET.AB", {"seq": 5}, None),
+        ("$JS.API.STREAM.UPDATE.AB", {"name": "AB", "subjects": ["ab.>"]}, None),
+        ("ab.x", b"d", batch("off", 1)),
+    ]
+    await compare(peers, steps)
+
+
+async def test_inflight_limit(peers: Peers) -> None:
+    steps: list[Step] = [
+        (
+            "$JS.API.STREAM.CREATE.AI",
+            {"name": "AI", "subjects": ["ai.>"], "allow_atomic": True},
+            None,
+        )
+    ]
+    steps += [("ai.x", b"d", batch(f"in{i}", 1)) for i in range(51)]
+    results = await compare(peers, steps)
+    assert results[-1]["error"]["err_code"] == 10210
+
+
+async def test_counters(peers: Peers) -> None:
+    big = "9" * 40
+    steps: list[Step] = [
+        (
+            "$JS.API.STREAM.CREATE.C",
+            {"name": "C", "subjects": ["c.>"], "allow_msg_counter": True},
+            None,
+        ),
+        ("$JS.API.STREAM.CREATE.N", {"name": "N", "subjects": ["n.>"]}, None),
+        ("c.x", b"", {"Nats-Incr": "1"}),
+        ("c.x", b"", {"Nats-Incr": "+5"}),
+        ("c.y", b"", {"Nats-Incr": "-10"}),
+        ("c.x", b"", {"Nats-Incr": big}),
+        ("c.x", b"", {"Nats-Incr": f"-{big}"}),
+        ("c.x", b"", {"Nats-Incr": "0"}),
+        ("c.x", b"", {"Nats-Incr": "x"}),
+        ("c.x", b"x", {"Nats-Incr": "1"}),
+        ("c.x", b"zz", {"Nats-Incr": "abc"}),
+        ("c.x", b"", None),
+        ("c.x", b"", {"Nats-Incr": ""}),
+        ("c.x", b"", {"Nats-Incr": "1_0"}),
+        ("c.x", b"", {"Nats-Incr": "1", "Nats-Rollup": "sub"}),
+        ("c.x", b"", {"Nats-Incr": "1", "Nats-Expected-Stream": "C"}),
+        ("c.x", b"", {"Nats-Incr": "1", "Nats-Expected-Last-Sequence": "1"}),
+        ("c.x", b"", {"Nats-Incr": "1", "Nats-TTL": "5s"}),
+        ("c.x", b"", {"Nats-Incr": "1", "Nats-Msg-Id": "once"}),
+        ("n.x", b"", {"Nats-Incr": "1"}),
+        ("n.x", b"", {"Nats-Incr": "zz"}),
+        ("$JS.API.STREAM.MSG.GET.C", {"last_by_subj": "c.x"}, None),
+        ("$JS.API.STREAM.INFO.C", b"", None),
+        ("$JS.API.STREAM.UPDATE.C", {"name": "C", "subjects": ["c.>"]}, None),
+    ]
+    for extra in (
+        {"allow_msg_ttl": True},
+        {"discard": "new"},
+        {"retention": "workqueue"},
+        {"allow_msg_schedules": True},
+    ):
+        config = {"name": "CX", "subjects": ["cx"], "allow_msg_counter": True, **extra}
+        steps.append(("$JS.API.STREAM.CREATE.CX", config, None))
+    await compare(peers, steps)
+
+
+def _at(seconds: float) -> str:
+    when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def stored(url: str, stream: str) -> list[Any]:
+    """What a stream holds: subject, headers (the schedules' times dropped), body."""
+    nc = await nats.connect(url)
+    try:
+        info = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"")).data)
+        out = []
+        for seq in range(info["state"]["first_seq"], info["state"]["last_seq"] + 1):
+            body = json.dumps({"seq": seq}).encode()
+            doc = json.loads((await nc.request(f"$JS.API.STREAM.MSG.GET.{stream}", body)).data)
+            if "error" in doc:
+                continue
+            msg = doc["message"]
+            head = base64.b64decode(msg.get("hdrs", "")).decode()
+            lines = [h for h in head.split("\r\n")[1:] if h]
+            lines = [
+                h if not h.startswith("Nats-Schedule-Next: 20") else "Nats-Schedule-Next: <t>"
+                for h in lines
+            ]
+            out.append((msg["subject"], lines, base64.b64decode(msg.get("data", ""))))
+        return sorted(out)
+    finally:
+        await nc.close()
+
+
+async def test_schedules(peers: Peers) -> None:
+    create = {
+        "name": "SC",
+        "subjects": ["sc.>"],
+        "allow_msg_schedules": True,
+        "allow_msg_ttl": True,
+    }
+    at = _at(2)
+    steps: list[Step] = [
+        ("$JS.API.STREAM.CREATE.SC", create, None),
+        ("$JS.API.STREAM.CREATE.NS", {"name": "NS", "subjects": ["ns.>"]}, None),
+        ("ns.x", b"d", {"Nats-Schedule": f"@at {at}", "Nats-Schedule-Target": "ns.t"}),
+        ("ns.x", b"d", {"Nats-Schedule": "bogus", "Nats-Schedule-Target": "ns.t"}),
+        (
+            "sc.sch.a",
+            b"d",
+            {
+                "Nats-Schedule": f"@at {at}",
+                "Nats-Schedule-Target": "sc.t.a",
+                "Nats-Schedule-TTL": "5m",
+                "Foo": "bar",
+            },
+        ),
+        ("sc.sch.b", b"d", {"Nats-Schedule": "@every 1h", "Nats-Schedule-Target": "sc.t.b"}),
+        (
+            "sc.sch.c",
+            b"d",
+            {
+                "Nats-Schedule": "0 0 9 * * mon-fri",
+                "Nats-Schedule-Target": "sc.t.c",
+                "Nats-Schedule-Time-Zone": "Europe/Paris",
+            },
+        ),
+        ("sc.sch.d", b"d", {"Nats-Schedule": "@daily", "Nats-Schedule-Target": "sc.t.d"}),
+        ("sc.bad", b"d", {"Nats-Schedule": "@every 500ms", "Nats-Schedule-Target": "sc.t.b"}),
+        (
+            "sc.bad",
+            b"d",
+            {
+                "Nats-Schedule": "0 0 * * * *",
+                "Nats-Schedule-Target": "sc.t",
+                "Nats-Schedule-Time-Zone": "Nope/Zone",
+            },
+        ),
+        (
+            "sc.bad",
+            b"d",
+            {
+                "Nats-Schedule": "@every 1s",
+                "Nats-Schedule-Target": "sc.t",
+                "Nats-Schedule-Time-Zone": "UTC",
+            },
+        ),
+        ("sc.bad", b"d", {"Nats-Schedule": "* * * * *", "Nats-Schedule-Target": "sc.t"}),
+        ("sc.bad", b"d", {"Nats-Schedule": f"@at {at}"}),
+        ("sc.bad", b"d", {"Nats-Schedule": f"@at {at}", "Nats-Schedule-Target": "sc.bad"}),
+        ("sc.bad", b"d", {"Nats-Schedule": f"@at {at}", "Nats-Schedule-Target": "x.y"}),
+        ("sc.bad", b"d", {"Nats-Schedule": f"@at {at}", "Nats-Schedule-Target": "sc.*"}),
+        (
+            "sc.bad",
+            b"d",
+            {
+                "Nats-Schedule": f"@at {at}",
+                "Nats-Schedule-Target": "sc.t",
+                "Nats-Schedule-TTL": "bad",
+            },
+        ),
+        (
+            "sc.bad",
+            b"d",
+            {"Nats-Schedule": f"@at {at}", "Nats-Schedule-Target": "sc.t", "Nats-Rollup": "all"},
+        ),
+        ("sc.bad", b"d", {"Nats-Schedule": "@at 2020-01-01", "Nats-Schedule-Target": "sc.t"}),
+        ("sc.plain", b"d", {"Nats-Schedule": "", "Nats-Schedule-Target": "sc.t"}),
+        ("sc.stop", b"d", {"Nats-Schedule-Next": "purge", "Nats-Scheduler": "sc.sch.b"}),
+        ("sc.stop", b"d", {"Nats-Scheduler": "sc.sch.c"}),
+        ("sc.stop", b"d", {"Nats-Schedule-Next": "purge", "Nats-Scheduler": "sc.none"}),
+        ("$JS.API.STREAM.UPDATE.SC", {"name": "SC", "subjects": ["sc.>"]}, None),
+        (
+            "$JS.API.STREAM.CREATE.SX",
+            {"name": "SX", "subjects": ["sx"], "allow_msg_schedules": True, "discard": "new"},
+            None,
+        ),
+        (
+            "$JS.API.STREAM.CREATE.SY",
+            {"name": "SY", "subjects": ["sy"], "allow_msg_schedules": True, "deny_purge": True},
+            None,
+        ),
+        # Last: a time in the past fires at once (when exactly is the server's business).
+        (
+            "sc.sch.p",
+            b"d",
+            {"Nats-Schedule": "@at 2020-01-01T00:00:00+02:00", "Nats-Schedule-Target": "sc.t.p"},
+        ),
+    ]
+    await compare(peers, steps)
+    await asyncio.sleep(3.5)  # the @at schedules are due
+    assert await stored(peers.tether, "SC") == await stored(peers.nats, "SC")
