@@ -440,6 +440,19 @@ async def api_level(s: Session) -> None:
     await sub.unsubscribe()
 
 
+async def persist_mode(s: Session) -> None:
+    for i, extra in enumerate(
+        [
+            {"persist_mode": "default"},
+            {"persist_mode": ""},
+            {"persist_mode": "bogus"},
+            {"persist_mode": "async", "storage": "memory"},
+            {"persist_mode": "async", "allow_atomic": True},
+        ]
+    ):
+        await s.req(f"{API}.STREAM.CREATE.PM{i}", {"name": f"PM{i}", **extra})
+
+
 @pytest.mark.parametrize(
     "scenario",
     [
@@ -453,6 +466,7 @@ async def api_level(s: Session) -> None:
         stalls,
         direct_multi_last,
         api_level,
+        persist_mode,
     ],
     ids=lambda f: f.__name__,
 )
