@@ -35,6 +35,19 @@ class Command(TyperCommand):
         return _no_value_for_switches(super().get_params(ctx))
 
 
+def group(name: str, help: str, **settings: Any) -> typer.Typer:
+    """A command group as all of Tether's look: ``-h``, rich help, help when run bare."""
+    return typer.Typer(
+        name=name,
+        help=help,
+        cls=Group,
+        no_args_is_help=True,
+        context_settings=CONTEXT,
+        rich_markup_mode=MARKUP,
+        **settings,
+    )
+
+
 # click's exception class: typer raises it from its own copy of click in recent releases,
 # from click itself in older ones.
 ClickError: type[Exception] = next(

@@ -29,16 +29,11 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from tether.cli._typer import Command
 from tether.cli.output import console, count
 from tether.cli.remote import (
-    ContextOpt,
     Failure,
-    PasswordOpt,
-    ServerOpt,
     Target,
-    TokenOpt,
-    UserOpt,
+    remote,
     run,
 )
 from tether.cli.stream import api
@@ -132,15 +127,11 @@ async def _stream_names(conn: Connection) -> list[str]:
 
 
 def backup(
+    target: Target,
     directory: Annotated[Path, typer.Argument(help="Where to write (created; must be empty).")],
     streams: Annotated[
         list[str] | None, typer.Option("--stream", help="Only this stream (repeatable).")
     ] = None,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Save streams, their messages and their consumers' configurations to DIR."""
     if directory.exists() and any(directory.iterdir()):
@@ -196,7 +187,7 @@ def backup(
         (directory / "backup.json").write_text(json.dumps(manifest, indent=2) + "\n")
         return written
 
-    written = run(Target(server, user, password, token, context), work)
+    written = run(target, work)
     for name, n in written.items():
         typer.echo(f"{name}: {count(n)} messages")
     typer.echo(f"Backed up {len(written)} streams to {directory}")
@@ -249,12 +240,8 @@ def _load(directory: Path) -> dict[str, Any]:
 
 
 def restore(
+    target: Target,
     directory: Annotated[Path, typer.Argument(help="A directory written by stream backup.")],
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Recreate the streams, messages and consumers of a backup (the streams must not exist)."""
 
@@ -332,7 +319,7 @@ def restore(
                 restored[name] = n
         return restored
 
-    restored = run(Target(server, user, password, token, context), work)
+    restored = run(target, work)
     for name, n in restored.items():
         typer.echo(f"{name}: {count(n)} messages")
     typer.echo(f"Restored {len(restored)} streams from {directory}")
@@ -371,5 +358,5 @@ async def _replay_position(conn: Connection, stream: str, name: str, info: dict[
 
 def register(app: typer.Typer) -> None:
     """Add backup and restore to ``tether stream``."""
-    app.command("backup", cls=Command)(backup)
-    app.command("restore", cls=Command)(restore)
+    remote(app, "backup")(backup)
+    remote(app, "restore")(restore)

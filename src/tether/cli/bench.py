@@ -24,18 +24,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli._typer import group
 from tether.cli.output import console
 from tether.cli.remote import (
-    ContextOpt,
     Failure,
     JsonOpt,
-    PasswordOpt,
-    ServerOpt,
     Target,
-    TokenOpt,
-    UserOpt,
     open_connection,
+    remote,
     run,
 )
 from tether.client import (
@@ -47,22 +43,8 @@ from tether.client import (
     Timeout,
 )
 
-bench_app = typer.Typer(
-    name="bench",
-    help="Benchmarks: pub, sub, js pub, js consume.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
-js_app = typer.Typer(
-    name="js",
-    help="JetStream benchmarks: pub (sync or windowed), consume (fetch).",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
+bench_app = group("bench", "Benchmarks: pub, sub, js pub, js consume.")
+js_app = group("js", "JetStream benchmarks: pub (sync or windowed), consume (fetch).")
 bench_app.add_typer(js_app, name="js")
 
 _STAMP = struct.Struct("<q")
@@ -208,22 +190,17 @@ CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Also write the resul
 SubjectArg = Annotated[str, typer.Argument(help="Subject.")]
 
 
-@bench_app.command("pub", cls=Command)
+@remote(bench_app, "pub")
 def pub(
+    target: Target,
     subject: SubjectArg = "bench",
     msgs: MsgsOpt = 100_000,
     size: SizeOpt = 128,
     clients: ClientsOpt = 1,
     csv_path: CsvOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Core publish: how fast the server takes messages (no subscriber needed)."""
-    target = Target(server, user, password, token, context)
 
     async def work(first: Connection) -> tuple[list[Stats], list[Stats]]:
         conns = [first, *await _connect_all(target, clients - 1)]
@@ -259,22 +236,17 @@ def pub(
     _report(results, summary, csv_path, as_json)
 
 
-@bench_app.command("sub", cls=Command)
+@remote(bench_app, "sub")
 def sub(
+    target: Target,
     subject: SubjectArg = "bench",
     msgs: MsgsOpt = 100_000,
     size: SizeOpt = 128,
     clients: ClientsOpt = 1,
     csv_path: CsvOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Core fan-out: --clients subscribers each receive --msgs from one publisher here."""
-    target = Target(server, user, password, token, context)
     size = max(size, _STAMP.size)
 
     async def work(pub_conn: Connection) -> tuple[list[Stats], list[Stats]]:
@@ -343,8 +315,9 @@ async def _ensure_stream(conn: Connection, stream: str, subject: str, storage: s
         )
 
 
-@js_app.command("pub", cls=Command)
+@remote(js_app, "pub")
 def js_pub(
+    target: Target,
     subject: SubjectArg = "benchstream.x",
     msgs: MsgsOpt = 100_000,
     size: SizeOpt = 128,
@@ -363,14 +336,8 @@ def js_pub(
     purge: Annotated[bool, typer.Option("--purge", help="Empty the stream first.")] = False,
     csv_path: CsvOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """JetStream publish with acks: --sync one at a time, else a window (publish_async)."""
-    target = Target(server, user, password, token, context)
 
     async def work(first: Connection) -> tuple[list[Stats], list[Stats]]:
         await _ensure_stream(first, stream, subject, storage)
@@ -433,8 +400,9 @@ def js_pub(
     _report(results, summary, csv_path, as_json)
 
 
-@js_app.command("consume", cls=Command)
+@remote(js_app, "consume")
 def js_consume(
+    target: Target,
     msgs: MsgsOpt = 100_000,
     clients: ClientsOpt = 1,
     stream: StreamOpt = "benchstream",
@@ -444,16 +412,10 @@ def js_consume(
     batch: Annotated[int, typer.Option("--batch", help="Messages per fetch.", min=1)] = 500,
     csv_path: CsvOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Fetch and ack --msgs through a durable pull consumer (shared by --clients).
 
     Latency is each fetch's round trip."""
-    target = Target(server, user, password, token, context)
 
     async def work(first: Connection) -> tuple[list[Stats], list[Stats]]:
         js = first.jetstream()

@@ -14,30 +14,19 @@ from typing import Annotated, Any
 
 import typer
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli._typer import group
 from tether.cli.output import count, emit_json, pairs, table
 from tether.cli.remote import (
-    ContextOpt,
     JsonOpt,
-    PasswordOpt,
-    ServerOpt,
     Target,
-    TokenOpt,
-    UserOpt,
     fail,
+    remote,
     run,
 )
 from tether.cli.stream import api, load_json_file
 from tether.client import Connection, JsMsg, Timeout
 
-consumer_app = typer.Typer(
-    name="consumer",
-    help="Consumers: ls, add, info, edit, rm, next, pause, resume, dead.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
+consumer_app = group("consumer", "Consumers: ls, add, info, edit, rm, next, pause, resume, dead.")
 
 StreamArg = Annotated[str, typer.Argument(help="Stream name.")]
 NameArg = Annotated[str, typer.Argument(help="Consumer name.")]
@@ -69,15 +58,11 @@ def _rows(info: dict[str, Any]) -> list[tuple[str, Any]]:
     return rows
 
 
-@consumer_app.command("ls", cls=Command)
+@remote(consumer_app, "ls")
 def ls(
+    target: Target,
     stream: StreamArg,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """List a stream's consumers with their lag."""
 
@@ -92,7 +77,7 @@ def ls(
             if not items or offset >= int(page.get("total", 0)):
                 return infos
 
-    infos = run(Target(server, user, password, token, context), work)
+    infos = run(target, work)
     if as_json:
         emit_json(infos)
         return
@@ -113,23 +98,19 @@ def ls(
     )
 
 
-@consumer_app.command("info", cls=Command)
+@remote(consumer_app, "info")
 def info(
+    target: Target,
     stream: StreamArg,
     name: NameArg,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """A consumer's configuration and where it stands."""
 
     async def work(conn: Connection) -> Any:
         return await api(conn, f"CONSUMER.INFO.{stream}.{name}")
 
-    found = run(Target(server, user, password, token, context), work)
+    found = run(target, work)
     if as_json:
         emit_json(found)
         return
@@ -183,28 +164,26 @@ def _fields(
     }
 
 
-@consumer_app.command("add", cls=Command)
+@remote(consumer_app, "add")
 def add(
+    target: Target,
     stream: StreamArg,
     name: NameArg,
     config: ConfigOpt = None,
     filter_: FilterOpt = None,
     ack: AckOpt = "explicit",
     deliver: DeliverOpt = None,
-    target: TargetOpt = None,
+    deliver_subject: TargetOpt = None,
     wait: WaitOpt = None,
     max_deliver: MaxDeliverOpt = None,
     max_pending: MaxPendingOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Create a durable consumer (pull unless --target gives a deliver subject)."""
     body = _config(
-        name, config, _fields(filter_, ack, deliver, target, wait, max_deliver, max_pending)
+        name,
+        config,
+        _fields(filter_, ack, deliver, deliver_subject, wait, max_deliver, max_pending),
     )
 
     async def work(conn: Connection) -> Any:
@@ -214,15 +193,16 @@ def add(
             {"stream_name": stream, "config": body, "action": "create"},
         )
 
-    created = run(Target(server, user, password, token, context), work)
+    created = run(target, work)
     if as_json:
         emit_json(created)
         return
     pairs(f"Consumer {stream} > {name} created", _rows(created))
 
 
-@consumer_app.command("edit", cls=Command)
+@remote(consumer_app, "edit")
 def edit(
+    target: Target,
     stream: StreamArg,
     name: NameArg,
     config: ConfigOpt = None,
@@ -230,11 +210,6 @@ def edit(
     max_deliver: MaxDeliverOpt = None,
     max_pending: MaxPendingOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Change a consumer: the given fields over its current configuration."""
 
@@ -249,23 +224,19 @@ def edit(
             {"stream_name": stream, "config": {**current, **changes}, "action": "update"},
         )
 
-    updated = run(Target(server, user, password, token, context), work)
+    updated = run(target, work)
     if as_json:
         emit_json(updated)
         return
     pairs(f"Consumer {stream} > {name} updated", _rows(updated))
 
 
-@consumer_app.command("rm", cls=Command)
+@remote(consumer_app, "rm")
 def rm(
+    target: Target,
     stream: StreamArg,
     name: NameArg,
     force: Annotated[bool, typer.Option("--force", "-f", help="Do not ask.")] = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Delete a consumer."""
     if not force and not typer.confirm(f"Delete consumer {stream} > {name}?"):
@@ -274,7 +245,7 @@ def rm(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"CONSUMER.DELETE.{stream}.{name}")
 
-    run(Target(server, user, password, token, context), work)
+    run(target, work)
     typer.echo(f"Consumer {stream} > {name} deleted")
 
 
@@ -292,19 +263,15 @@ def _delivery(msg: JsMsg, acked: bool) -> dict[str, Any]:
     }
 
 
-@consumer_app.command("next", cls=Command)
+@remote(consumer_app, "next")
 def next_(
+    target: Target,
     stream: StreamArg,
     name: NameArg,
     how_many: Annotated[int, typer.Option("--count", "-n", help="Messages to fetch.")] = 1,
     ack: Annotated[bool, typer.Option("--ack/--no-ack", help="Ack what was received.")] = True,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Fetch the next messages of a pull consumer, show their delivery metadata, ack them."""
 
@@ -328,7 +295,7 @@ def next_(
         await sub.unsubscribe()
         return out
 
-    got = run(Target(server, user, password, token, context), work)
+    got = run(target, work)
     if as_json:
         emit_json(got)
         return
@@ -353,37 +320,29 @@ def _pause(stream: str, name: str, until: str, target: Target) -> dict[str, Any]
     return result
 
 
-@consumer_app.command("pause", cls=Command)
+@remote(consumer_app, "pause")
 def pause(
+    target: Target,
     stream: StreamArg,
     name: NameArg,
     seconds: Annotated[float, typer.Argument(help="How long to pause.")],
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Pause delivery for a number of seconds."""
     from datetime import UTC, datetime, timedelta
 
     until = (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
-    result = _pause(stream, name, until, Target(server, user, password, token, context))
+    result = _pause(stream, name, until, target)
     if not result.get("paused"):
         fail(f"{stream} > {name} was not paused")
     typer.echo(f"Consumer {stream} > {name} paused until {result.get('pause_until', until)}")
 
 
-@consumer_app.command("resume", cls=Command)
+@remote(consumer_app, "resume")
 def resume(
+    target: Target,
     stream: StreamArg,
     name: NameArg,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Resume a paused consumer."""
-    _pause(stream, name, "0001-01-01T00:00:00Z", Target(server, user, password, token, context))
+    _pause(stream, name, "0001-01-01T00:00:00Z", target)
     typer.echo(f"Consumer {stream} > {name} resumed")

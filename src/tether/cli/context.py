@@ -2,53 +2,52 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import asdict, fields
+from typing import Annotated, Any
 
 import typer
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli._typer import Command, group
 from tether.cli.output import emit_json, table
 from tether.cli.remote import (
     Context,
     Failure,
     JsonOpt,
+    Target,
     context_names,
     fail,
     load_context,
+    remote,
     save_context,
     select_context,
     selected_context,
 )
 from tether.client.options import DEFAULT_URL
 
-context_app = typer.Typer(
-    name="context",
-    help="Saved connection settings: add, ls, select, show, rm.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
+context_app = group("context", "Saved connection settings: add, ls, select, show, rm.")
 
 NameArg = Annotated[str, typer.Argument(help="Context name.")]
+# What a context keeps of the connection flags (all of them but --context itself).
+SAVED = [f.name for f in fields(Target) if f.name not in ("server", "context")]
 
 
-@context_app.command("add", cls=Command)
+@remote(context_app, "add", without=("context",))
 def add(
+    target: Target,
     name: NameArg,
-    server: Annotated[str, typer.Option("--server", "-s", help="NATS URL.")] = DEFAULT_URL,
-    user: Annotated[str | None, typer.Option("--user", help="User name.")] = None,
-    password: Annotated[str | None, typer.Option("--password", help="Password.")] = None,
-    token: Annotated[str | None, typer.Option("--token", help="Token.")] = None,
     http: Annotated[
         str | None, typer.Option("--http", help="HTTP API URL (for the jobs commands).")
     ] = None,
     description: Annotated[str, typer.Option("--description", help="What it is for.")] = "",
     select: Annotated[bool, typer.Option("--select", help="Also select it.")] = False,
 ) -> None:
-    """Save a context (overwrites one of the same name)."""
+    """Save a context (overwrites one of the same name): the connection flags given."""
+    saved = Context(http=http, description=description)
+    for key in SAVED:
+        setattr(saved, key, getattr(target, key))
+    saved.server = target.server or DEFAULT_URL
     try:
-        path = save_context(name, Context(server, user, password, token, http, description))
+        path = save_context(name, saved)
         if select:
             select_context(name)
     except (Failure, OSError) as exc:
@@ -95,7 +94,7 @@ def show(
     name: Annotated[str | None, typer.Argument(help="Context name (default: selected).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a context (the password and token are not printed)."""
+    """Show a context (the password and token are not printed; files are named)."""
     chosen = name or selected_context()
     if chosen is None:
         fail("no context selected (tether context select NAME)")
@@ -103,15 +102,9 @@ def show(
         ctx = load_context(chosen)
     except Failure as exc:
         fail(str(exc))
-    shown = {
-        "name": chosen,
-        "server": ctx.server,
-        "user": ctx.user,
-        "password": "(set)" if ctx.password else None,
-        "token": "(set)" if ctx.token else None,
-        "http": ctx.http,
-        "description": ctx.description,
-    }
+    shown: dict[str, Any] = {"name": chosen, **asdict(ctx)}
+    for secret in ("password", "token"):
+        shown[secret] = "(set)" if shown[secret] else None
     if as_json:
         emit_json(shown)
         return

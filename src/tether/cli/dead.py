@@ -12,29 +12,18 @@ from typing import Annotated, Any
 
 import typer
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli._typer import group
 from tether.cli.output import emit_json, table
 from tether.cli.remote import (
-    ContextOpt,
     Failure,
     JsonOpt,
-    PasswordOpt,
-    ServerOpt,
     Target,
-    TokenOpt,
-    UserOpt,
+    remote,
     run,
 )
 from tether.client import ApiError, Connection, NoResponders
 
-dead_app = typer.Typer(
-    name="dead",
-    help="Dead letters (Tether): ls, requeue, rm.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
+dead_app = group("dead", "Dead letters (Tether): ls, requeue, rm.")
 
 PREFIX = "$TETHER.API.CONSUMER.DEAD"
 StreamArg = Annotated[str, typer.Argument(help="Stream name.")]
@@ -65,22 +54,12 @@ def js_encode(body: Any) -> bytes:
     return json.dumps(body).encode() if body else b""
 
 
-def _target(
-    server: str | None, user: str | None, password: str | None, token: str | None, ctx: str | None
-) -> Target:
-    return Target(server, user, password, token, ctx)
-
-
-@dead_app.command("ls", cls=Command)
+@remote(dead_app, "ls")
 def ls(
+    target: Target,
     stream: StreamArg,
     name: NameArg,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """List a consumer's dead letters, oldest first."""
 
@@ -92,7 +71,7 @@ def ls(
             if not page.get("dead") or len(out) >= int(page.get("total", 0)):
                 return out
 
-    letters = run(_target(server, user, password, token, context), work)
+    letters = run(target, work)
     if as_json:
         emit_json(letters)
         return
@@ -115,20 +94,16 @@ def ls(
 
 def _change(operation: str, key: str, verb: str) -> Any:
     def command(
+        target: Target,
         stream: StreamArg,
         name: NameArg,
         seq: SeqArg = None,
         as_json: JsonOpt = False,
-        server: ServerOpt = None,
-        user: UserOpt = None,
-        password: PasswordOpt = None,
-        token: TokenOpt = None,
-        context: ContextOpt = None,
     ) -> None:
         async def work(conn: Connection) -> Any:
             return await dead_api(conn, operation, stream, name, {"seq": seq} if seq else None)
 
-        result = run(_target(server, user, password, token, context), work)
+        result = run(target, work)
         if as_json:
             emit_json(result)
         else:
@@ -142,5 +117,5 @@ requeue = _change("REQUEUE", "requeued", "Requeued")
 requeue.__doc__ = "Deliver dead letters again (one, or all), their delivery count restarted."
 rm = _change("DELETE", "deleted", "Removed")
 rm.__doc__ = "Forget dead letters (one, or all); the messages stay in the stream."
-dead_app.command("requeue", cls=Command)(requeue)
-dead_app.command("rm", cls=Command)(rm)
+remote(dead_app, "requeue")(requeue)
+remote(dead_app, "rm")(rm)

@@ -15,44 +15,16 @@ from urllib.parse import urljoin
 import httpx
 import typer
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli._typer import Command, group
 from tether.cli.output import emit_json, pairs, table
 from tether.cli.remote import ContextOpt, Failure, JsonOpt, Target, fail
 
 DEFAULT_HTTP = "http://127.0.0.1:8222"
 
-jobs_app = typer.Typer(
-    name="jobs",
-    help="Webhook-broker jobs over HTTP: channel, consumer, ls, claim, done, dead.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
-channel_app = typer.Typer(
-    name="channel",
-    help="Channels: ls, add.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
-consumer_app = typer.Typer(
-    name="consumer",
-    help="A channel's consumers: ls, add.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
-dead_app = typer.Typer(
-    name="dead",
-    help="Dead jobs: ls, requeue.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
+jobs_app = group("jobs", "Webhook-broker jobs over HTTP: channel, consumer, ls, claim, done, dead.")
+channel_app = group("channel", "Channels: ls, add.")
+consumer_app = group("consumer", "A channel's consumers: ls, add.")
+dead_app = group("dead", "Dead jobs: ls, requeue.")
 jobs_app.add_typer(channel_app, name="channel")
 jobs_app.add_typer(consumer_app, name="consumer")
 jobs_app.add_typer(dead_app, name="dead")

@@ -18,42 +18,27 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli._typer import group
 from tether.cli.output import count, emit_json, pairs, size, table
 from tether.cli.remote import (
-    ContextOpt,
     Failure,
     JsonOpt,
-    PasswordOpt,
-    ServerOpt,
     Target,
-    TokenOpt,
-    UserOpt,
+    remote,
     run,
 )
 from tether.cli.stream import api
 from tether.client import BadSubscription, Connection, NoMessageFound, NoResponders, NotFound
 from tether.protocol.nats import parse_headers
 
-kv_app = typer.Typer(
-    name="kv",
-    help="Key/value buckets: add, ls, put, get, del, purge, history, watch, status, rm.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
+kv_app = group(
+    "kv", "Key/value buckets: add, ls, put, get, del, purge, history, watch, status, rm."
 )
 
 BucketArg = Annotated[str, typer.Argument(help="Bucket name.")]
 KeyArg = Annotated[str, typer.Argument(help="Key.")]
 OPERATION = "KV-Operation"
 T = TypeVar("T")
-
-
-def target(
-    server: str | None, user: str | None, password: str | None, token: str | None, ctx: str | None
-) -> Target:
-    return Target(server, user, password, token, ctx)
 
 
 def run_in(kind: str, bucket: str, tgt: Target, work: Callable[[Connection], Awaitable[T]]) -> T:
@@ -188,19 +173,15 @@ def _show_status(view: dict[str, Any]) -> None:
     )
 
 
-@kv_app.command("add", cls=Command)
+@remote(kv_app, "add")
 def add(
+    target: Target,
     bucket: BucketArg,
     history: Annotated[int, typer.Option("--history", help="Values kept per key (1-64).")] = 1,
     ttl: Annotated[float, typer.Option("--ttl", help="Seconds a value lives (0: forever).")] = 0,
     max_bytes: Annotated[int, typer.Option("--max-bytes", help="Bucket size limit.")] = -1,
     storage: Annotated[str, typer.Option("--storage", help="file or memory.")] = "file",
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Create a bucket."""
     if not 1 <= history <= 64:
@@ -226,21 +207,15 @@ def add(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.CREATE.{_stream(bucket)}", config)
 
-    view = _status_view(
-        run_in("bucket", bucket, target(server, user, password, token, context), work)
-    )
+    view = _status_view(run_in("bucket", bucket, target, work))
     emit_json(view) if as_json else _show_status(view)
 
 
-@kv_app.command("ls", cls=Command)
+@remote(kv_app, "ls")
 def ls(
+    target: Target,
     bucket: Annotated[str | None, typer.Argument(help="List this bucket's keys.")] = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """List buckets, or the keys of BUCKET."""
 
@@ -258,7 +233,7 @@ def ls(
                 live.append(subject.removeprefix(f"$KV.{bucket}."))
         return live
 
-    tgt = target(server, user, password, token, context)
+    tgt = target
     if bucket is None:
         views = run(tgt, buckets)
         if as_json:
@@ -295,17 +270,13 @@ async def _put(conn: Connection, bucket: str, key: str, value: bytes, hdrs: dict
     return ack.seq
 
 
-@kv_app.command("put", cls=Command)
+@remote(kv_app, "put")
 def put(
+    target: Target,
     bucket: BucketArg,
     key: KeyArg,
     value: Annotated[str | None, typer.Argument(help="Value ('-' or absent: stdin).")] = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Store a value under KEY."""
     data = (
@@ -317,25 +288,21 @@ def put(
     async def work(conn: Connection) -> int:
         return await _put(conn, bucket, key, data, {})
 
-    revision = run_in("bucket", bucket, target(server, user, password, token, context), work)
+    revision = run_in("bucket", bucket, target, work)
     if as_json:
         emit_json({"bucket": bucket, "key": key, "revision": revision})
     else:
         typer.echo(f"{key} = revision {revision}")
 
 
-@kv_app.command("get", cls=Command)
+@remote(kv_app, "get")
 def get(
+    target: Target,
     bucket: BucketArg,
     key: KeyArg,
     revision: Annotated[int | None, typer.Option("--revision", help="An older revision.")] = None,
     raw: Annotated[bool, typer.Option("--raw", "-r", help="Only the value.")] = False,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """A key's value (its newest, or --revision N)."""
 
@@ -348,7 +315,7 @@ def get(
             raise Failure(f"{bucket}: no key {key!r}")
         return found
 
-    entry = run_in("bucket", bucket, target(server, user, password, token, context), work)
+    entry = run_in("bucket", bucket, target, work)
     if as_json:
         emit_json(_entry_view(bucket, entry))
     elif raw:
@@ -362,20 +329,16 @@ def _marker(operation: str) -> Callable[..., None]:
     purge = operation == "PURGE"
 
     def command(
+        target: Target,
         bucket: BucketArg,
         key: KeyArg,
-        server: ServerOpt = None,
-        user: UserOpt = None,
-        password: PasswordOpt = None,
-        token: TokenOpt = None,
-        context: ContextOpt = None,
     ) -> None:
         hdrs = {OPERATION: operation, **({"Nats-Rollup": "sub"} if purge else {})}
 
         async def work(conn: Connection) -> int:
             return await _put(conn, bucket, key, b"", hdrs)
 
-        run_in("bucket", bucket, target(server, user, password, token, context), work)
+        run_in("bucket", bucket, target, work)
         typer.echo(f"{key} {'purged' if purge else 'deleted'}")
 
     command.__doc__ = (
@@ -384,20 +347,16 @@ def _marker(operation: str) -> Callable[..., None]:
     return command
 
 
-kv_app.command("del", cls=Command)(_marker("DEL"))
-kv_app.command("purge", cls=Command)(_marker("PURGE"))
+remote(kv_app, "del")(_marker("DEL"))
+remote(kv_app, "purge")(_marker("PURGE"))
 
 
-@kv_app.command("history", cls=Command)
+@remote(kv_app, "history")
 def history(
+    target: Target,
     bucket: BucketArg,
     key: KeyArg,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Every kept revision of KEY, oldest first."""
 
@@ -412,7 +371,7 @@ def history(
             out.append(_entry_view(bucket, found))
             seq = found.seq + 1
 
-    views = run_in("bucket", bucket, target(server, user, password, token, context), work)
+    views = run_in("bucket", bucket, target, work)
     if as_json:
         emit_json(views)
         return
@@ -423,17 +382,13 @@ def history(
     )
 
 
-@kv_app.command("watch", cls=Command)
+@remote(kv_app, "watch")
 def watch(
+    target: Target,
     bucket: BucketArg,
     key: Annotated[str, typer.Argument(help="Key or wildcard.")] = ">",
     updates: Annotated[int, typer.Option("--count", help="Exit after N updates (0: never).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Print the current values, then every change as it happens."""
 
@@ -473,39 +428,29 @@ def watch(
                 view.update(revision=None, created=None)
             show(view)
 
-    run_in("bucket", bucket, target(server, user, password, token, context), work)
+    run_in("bucket", bucket, target, work)
 
 
-@kv_app.command("status", cls=Command)
+@remote(kv_app, "status")
 def status(
+    target: Target,
     bucket: BucketArg,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """A bucket's settings and size."""
 
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.INFO.{_stream(bucket)}")
 
-    view = _status_view(
-        run_in("bucket", bucket, target(server, user, password, token, context), work)
-    )
+    view = _status_view(run_in("bucket", bucket, target, work))
     emit_json(view) if as_json else _show_status(view)
 
 
-@kv_app.command("rm", cls=Command)
+@remote(kv_app, "rm")
 def rm(
+    target: Target,
     bucket: BucketArg,
     force: Annotated[bool, typer.Option("--force", "-f", help="Do not ask.")] = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Delete a bucket and all its keys."""
     if not force and not typer.confirm(f"Delete bucket {bucket} and all its keys?"):
@@ -514,5 +459,5 @@ def rm(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.DELETE.{_stream(bucket)}")
 
-    run_in("bucket", bucket, target(server, user, password, token, context), work)
+    run_in("bucket", bucket, target, work)
     typer.echo(f"Bucket {bucket} deleted")

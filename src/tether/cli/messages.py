@@ -24,16 +24,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from tether.cli._typer import CONTEXT, Command
+from tether.cli._typer import CONTEXT
 from tether.cli.remote import (
-    ContextOpt,
     Failure,
     JsonOpt,
-    PasswordOpt,
-    ServerOpt,
     Target,
-    TokenOpt,
-    UserOpt,
+    remote,
     run,
 )
 from tether.client import (
@@ -101,12 +97,6 @@ def read_body(body: str | None) -> str:
     return body or ""
 
 
-def _target(
-    server: str | None, user: str | None, password: str | None, token: str | None, ctx: str | None
-) -> Target:
-    return Target(server, user, password, token, ctx)
-
-
 HeaderOpt = Annotated[
     list[str] | None, typer.Option("--header", "-H", help="A header KEY:VALUE (repeatable).")
 ]
@@ -118,6 +108,7 @@ BodyArg = Annotated[
 
 
 def pub(
+    target: Target,
     subject: SubjectArg,
     body: BodyArg = None,
     count: Annotated[int, typer.Option("--count", help="Messages to publish.", min=1)] = 1,
@@ -128,11 +119,6 @@ def pub(
     ] = False,
     reply_to: Annotated[str | None, typer.Option("--reply", help="A reply subject.")] = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Publish a message (or --count of them) to SUBJECT."""
     text = read_body(body)
@@ -163,7 +149,7 @@ def pub(
         await conn.flush()
         return acks
 
-    acks = run(_target(server, user, password, token, context), work)
+    acks = run(target, work)
     if as_json:
         sys.stdout.write(json.dumps(acks if jetstream else {"published": count}) + "\n")
     elif not jetstream:
@@ -229,6 +215,7 @@ def _printer(raw: bool, headers_only: bool, as_json: bool) -> Callable[[Msg | Js
 
 
 def sub(
+    target: Target,
     subject: SubjectArg,
     queue: Annotated[str, typer.Option("--queue", help="Join this queue group.")] = "",
     headers_only: Annotated[
@@ -243,11 +230,6 @@ def sub(
         str | None, typer.Option("--durable", help="The stream's consumer (created if missing).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Print messages on SUBJECT as they arrive (Ctrl-C to stop)."""
     if (stream is None) != (durable is None):
@@ -295,21 +277,17 @@ def sub(
                 show(msg, n)
                 await msg.ack_sync()
 
-    run(_target(server, user, password, token, context), pulled if stream else core)
+    run(target, pulled if stream else core)
 
 
 def req(
+    target: Target,
     subject: SubjectArg,
     body: BodyArg = None,
     header: HeaderOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
     raw: Annotated[bool, typer.Option("--raw", "-r", help="Only the reply's body.")] = False,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Send a request and print the reply."""
     payload = render(read_body(body), 1).encode()
@@ -323,7 +301,7 @@ def req(
             raise Failure(f"no responders on {subject!r}") from None
         return msg, time.perf_counter() - started
 
-    reply, rtt = run(_target(server, user, password, token, context), work)
+    reply, rtt = run(target, work)
     if raw or as_json:
         _printer(raw, False, as_json)(reply, 1)
         return
@@ -334,17 +312,13 @@ def req(
 
 
 def reply(
+    target: Target,
     subject: SubjectArg,
     body: BodyArg = None,
     queue: Annotated[str, typer.Option("--queue", help="Queue group.")] = "NATS-RPLY-22",
     count: Annotated[int, typer.Option("--count", help="Exit after N requests (0: never).")] = 0,
     echo: Annotated[bool, typer.Option("--echo", help="Answer with the request's body.")] = False,
     header: HeaderOpt = None,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Answer requests on SUBJECT with BODY (a template: {{Count}} is the request number)."""
     text = read_body(body) if not echo else ""
@@ -369,10 +343,10 @@ def reply(
             sys.stdout.flush()
         await conn.flush()
 
-    run(_target(server, user, password, token, context), work)
+    run(target, work)
 
 
 def register(app: typer.Typer) -> None:
     """Add pub, sub, req and reply to the root command."""
     for fn, name in ((pub, "pub"), (sub, "sub"), (req, "req"), (reply, "reply")):
-        app.command(name, cls=Command, context_settings=CONTEXT)(fn)
+        remote(app, name, context_settings=CONTEXT)(fn)

@@ -26,32 +26,22 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
-from tether.cli.kv import all_streams, message_get, run_in, subjects_of, target
+from tether.cli._typer import group
+from tether.cli.kv import all_streams, message_get, run_in, subjects_of
 from tether.cli.output import console, count, emit_json, pairs, size, table
 from tether.cli.remote import (
-    ContextOpt,
     Failure,
     JsonOpt,
-    PasswordOpt,
-    ServerOpt,
-    TokenOpt,
-    UserOpt,
+    Target,
     fail,
+    remote,
     run,
 )
 from tether.cli.stream import api
 from tether.client import Connection, NoResponders
 from tether.client.nuid import Nuid
 
-object_app = typer.Typer(
-    name="object",
-    help="Object stores: add, ls, put, get, info, rm.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
+object_app = group("object", "Object stores: add, ls, put, get, info, rm.")
 
 BucketArg = Annotated[str, typer.Argument(help="Object store name.")]
 NameArg = Annotated[str, typer.Argument(help="Object name.")]
@@ -107,16 +97,12 @@ def _show_meta(meta: dict[str, Any]) -> None:
     )
 
 
-@object_app.command("add", cls=Command)
+@remote(object_app, "add")
 def add(
+    target: Target,
     bucket: BucketArg,
     max_bytes: Annotated[int, typer.Option("--max-bytes", help="Store size limit.")] = -1,
     storage: Annotated[str, typer.Option("--storage", help="file or memory.")] = "file",
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Create an object store."""
     config = {
@@ -133,19 +119,15 @@ def add(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.CREATE.{_stream(bucket)}", config)
 
-    run_in("object store", bucket, target(server, user, password, token, context), work)
+    run_in("object store", bucket, target, work)
     typer.echo(f"Object store {bucket} created")
 
 
-@object_app.command("ls", cls=Command)
+@remote(object_app, "ls")
 def ls(
+    target: Target,
     bucket: Annotated[str | None, typer.Argument(help="List this store's objects.")] = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """List object stores, or the objects in BUCKET."""
 
@@ -175,7 +157,7 @@ def ls(
                 metas.append(meta)
         return sorted(metas, key=lambda m: str(m.get("name")))
 
-    tgt = target(server, user, password, token, context)
+    tgt = target
     if bucket is None:
         views = run(tgt, stores)
         if as_json:
@@ -198,8 +180,9 @@ def ls(
     )
 
 
-@object_app.command("put", cls=Command)
+@remote(object_app, "put")
 def put(
+    target: Target,
     bucket: BucketArg,
     file: Annotated[Path, typer.Argument(help="The file to store.")],
     name: Annotated[
@@ -207,11 +190,6 @@ def put(
     ] = None,
     description: Annotated[str | None, typer.Option("--description", help="A note.")] = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Store FILE (in 128 KiB chunks, with a progress bar on a terminal)."""
     try:
@@ -273,7 +251,7 @@ def put(
             )
         return meta
 
-    meta = run_in("object store", bucket, target(server, user, password, token, context), work)
+    meta = run_in("object store", bucket, target, work)
     if as_json:
         emit_json(meta)
     else:
@@ -282,18 +260,14 @@ def put(
         )
 
 
-@object_app.command("get", cls=Command)
+@remote(object_app, "get")
 def get(
+    target: Target,
     bucket: BucketArg,
     name: NameArg,
     output: Annotated[
         Path | None, typer.Option("--output", "-O", help="Write here (default: stdout).")
     ] = None,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Fetch an object (to --output FILE or stdout), checking its digest."""
 
@@ -327,41 +301,33 @@ def get(
             raise Failure(f"{bucket} > {name}: digest mismatch, the object is damaged")
         return got
 
-    got = run_in("object store", bucket, target(server, user, password, token, context), work)
+    got = run_in("object store", bucket, target, work)
     if output:
         typer.echo(f"Wrote {size(got)} to {output}", err=True)
 
 
-@object_app.command("info", cls=Command)
+@remote(object_app, "info")
 def info(
+    target: Target,
     bucket: BucketArg,
     name: NameArg,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """An object's size, chunks, digest and time."""
 
     async def work(conn: Connection) -> dict[str, Any]:
         return await _meta(conn, bucket, name)
 
-    meta = run_in("object store", bucket, target(server, user, password, token, context), work)
+    meta = run_in("object store", bucket, target, work)
     emit_json(meta) if as_json else _show_meta(meta)
 
 
-@object_app.command("rm", cls=Command)
+@remote(object_app, "rm")
 def rm(
+    target: Target,
     bucket: BucketArg,
     name: Annotated[str | None, typer.Argument(help="Only this object.")] = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Do not ask.")] = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Delete one object, or (without NAME) the whole store."""
     what = f"object {name} from {bucket}" if name else f"object store {bucket} and its objects"
@@ -381,5 +347,5 @@ def rm(
             conn, f"STREAM.PURGE.{_stream(bucket)}", {"filter": f"$O.{bucket}.C.{meta['nuid']}"}
         )
 
-    run_in("object store", bucket, target(server, user, password, token, context), work)
+    run_in("object store", bucket, target, work)
     typer.echo(f"Deleted {what}")

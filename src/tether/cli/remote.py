@@ -10,20 +10,24 @@ files under the user's config directory (``$XDG_CONFIG_HOME/tether/context/``, e
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import re
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar, get_type_hints
 
 import typer
 
+from tether.cli._typer import Command
 from tether.client import ClientError, Connection, connect
 from tether.client.options import DEFAULT_URL
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -35,6 +39,13 @@ class Context:
     user: str | None = None
     password: str | None = None
     token: str | None = None
+    creds: str | None = None  # a .creds file (user JWT and nkey seed)
+    nkey: str | None = None  # an nkey seed file
+    tlscert: str | None = None
+    tlskey: str | None = None
+    tlsca: str | None = None
+    tlsfirst: bool | None = None
+    connect_timeout: float | None = None
     http: str | None = None  # the HTTP API's base URL, for the jobs commands
     description: str = ""
 
@@ -105,17 +116,40 @@ class Failure(Exception):
 
 
 # -- the connection options every remote command takes ---------------------------------------
-ServerOpt = Annotated[
-    str | None,
-    typer.Option("--server", "-s", help="NATS URL (default: $TETHER_URL, the context, 4222)."),
-]
-UserOpt = Annotated[str | None, typer.Option("--user", help="User name.")]
-PasswordOpt = Annotated[str | None, typer.Option("--password", help="Password.")]
-TokenOpt = Annotated[str | None, typer.Option("--token", help="Authentication token.")]
-ContextOpt = Annotated[
-    str | None, typer.Option("--context", help="Use this saved context for this command.")
-]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+_PANEL = "Connection"
+
+
+def _opt(*names: str, help: str) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=_PANEL)
+
+
+# name -> (annotation, option): the flags ``nats`` takes for the same things.
+_CONNECTION: dict[str, tuple[Any, Any]] = {
+    "server": (
+        str | None,
+        _opt("--server", "-s", help="NATS URL (default: $TETHER_URL, the context, 4222)."),
+    ),
+    "user": (str | None, _opt("--user", help="User name.")),
+    "password": (str | None, _opt("--password", help="Password.")),
+    "token": (str | None, _opt("--token", help="Authentication token.")),
+    "creds": (
+        str | None,
+        _opt("--creds", help="User credentials file (.creds: JWT and nkey seed)."),
+    ),
+    "nkey": (str | None, _opt("--nkey", help="User nkey seed file.")),
+    "tlscert": (str | None, _opt("--tlscert", help="TLS client certificate file.")),
+    "tlskey": (str | None, _opt("--tlskey", help="TLS client private key file.")),
+    "tlsca": (str | None, _opt("--tlsca", help="CA file to verify the server's certificate.")),
+    "tlsfirst": (bool, _opt("--tlsfirst", help="TLS handshake before the server's INFO.")),
+    "connect_timeout": (
+        float | None,
+        _opt("--connect-timeout", help="Seconds to wait for the connection (default 5)."),
+    ),
+    "context": (str | None, _opt("--context", help="Use this saved context for this command.")),
+}
+DEFAULT_TIMEOUT = 5.0
+ContextOpt = Annotated[str | None, _CONNECTION["context"][1]]
 
 
 @dataclass
@@ -126,6 +160,13 @@ class Target:
     user: str | None = None
     password: str | None = None
     token: str | None = None
+    creds: str | None = None
+    nkey: str | None = None
+    tlscert: str | None = None
+    tlskey: str | None = None
+    tlsca: str | None = None
+    tlsfirst: bool | None = None
+    connect_timeout: float | None = None
     context: str | None = None
 
     def resolve(self) -> Context:
@@ -134,23 +175,88 @@ class Target:
         env_url = os.environ.get("TETHER_URL")
         if env_url and not self.context:
             base.server = env_url
-        if self.server:
-            base.server = self.server
-        for key in ("user", "password", "token"):
-            value = getattr(self, key)
-            if value is not None:
-                setattr(base, key, value)
+        for f in fields(Context):
+            value = getattr(self, f.name, None)
+            if value not in (None, "", False):  # a flag not given leaves the context's value
+                setattr(base, f.name, value)
         return base
+
+
+def remote(
+    app: typer.Typer, name: str, *, without: tuple[str, ...] = (), **settings: Any
+) -> Callable[[F], F]:
+    """Register ``func`` as the command ``name`` of ``app``, with the connection flags.
+
+    ``func`` takes the flags as its first parameter, ``target: Target``; the command
+    typer sees has the function's other parameters and then every connection flag but
+    those named in ``without`` (shown under their own heading in ``-h``).
+    """
+    keys = [key for key in _CONNECTION if key not in without]
+
+    def register(func: F) -> F:
+        hints = get_type_hints(func, include_extras=True)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(func).parameters.values()
+            if p.name != "target"
+        ]
+        flags = [
+            inspect.Parameter(
+                key,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=False if kind is bool else None,
+                annotation=Annotated[kind, opt],
+            )
+            for key, (kind, opt) in _CONNECTION.items()
+            if key in keys
+        ]
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + flags
+
+        def command(**kwargs: Any) -> Any:
+            target = Target(**{key: kwargs.pop(key) for key in keys})
+            return func(target, **kwargs)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        command.__name__ = func.__name__
+        command.__qualname__ = func.__qualname__
+        command.__doc__ = func.__doc__
+        command.__module__ = func.__module__
+        app.command(name, cls=Command, **settings)(command)
+        return func
+
+    return register
+
+
+def _tls(ctx: Context) -> ssl.SSLContext | None:
+    """The TLS context the flags ask for; None leaves it to the URL and the server's INFO."""
+    if not (ctx.tlsca or ctx.tlscert or ctx.tlskey):
+        return None
+    if bool(ctx.tlscert) != bool(ctx.tlskey):
+        raise Failure("--tlscert and --tlskey go together")
+    try:
+        tls = ssl.create_default_context(cafile=ctx.tlsca)
+        if ctx.tlscert:
+            tls.load_cert_chain(ctx.tlscert, ctx.tlskey)
+    except (OSError, ssl.SSLError) as exc:
+        raise Failure(f"TLS files: {describe(exc)}") from None
+    return tls
 
 
 async def open_connection(target: Target) -> Connection:
     ctx = target.resolve()
+    tls = _tls(ctx)
     try:
         return await connect(
             ctx.server,
             user=ctx.user,
             password=ctx.password,
             token=ctx.token,
+            user_credentials=ctx.creds,
+            nkeys_seed=ctx.nkey,
+            tls=tls,
+            tls_handshake_first=bool(ctx.tlsfirst),
+            connect_timeout=ctx.connect_timeout or DEFAULT_TIMEOUT,
             name="tether-cli",
             allow_reconnect=False,
             max_reconnect_attempts=0,

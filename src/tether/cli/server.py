@@ -13,30 +13,19 @@ from typing import Annotated, Any
 
 import typer
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli._typer import group
 from tether.cli.output import emit_json, pairs, size
 from tether.cli.remote import (
-    ContextOpt,
     Failure,
     JsonOpt,
-    PasswordOpt,
-    ServerOpt,
     Target,
-    TokenOpt,
-    UserOpt,
     fail,
+    remote,
     run,
 )
 from tether.client import Connection, NoResponders
 
-server_app = typer.Typer(
-    name="server",
-    help="The server: info, ping, check.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
-)
+server_app = group("server", "The server: info, ping, check.")
 
 MonitorOpt = Annotated[
     str | None,
@@ -52,22 +41,18 @@ async def _jetstream(conn: Connection) -> dict[str, Any] | None:
     return info
 
 
-@server_app.command("info", cls=Command)
+@remote(server_app, "info")
 def info(
+    target: Target,
     monitor: MonitorOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """The server's identity, limits and JetStream usage."""
 
     async def work(conn: Connection) -> dict[str, Any]:
         return {"info": dict(conn.server_info), "jetstream": await _jetstream(conn)}
 
-    found = run(Target(server, user, password, token, context), work)
+    found = run(target, work)
     if monitor:
         import httpx  # only here: it takes a tenth of the CLI's start
 
@@ -116,22 +101,18 @@ async def _rtts(conn: Connection, n: int) -> list[float]:
     return out
 
 
-@server_app.command("ping", cls=Command)
+@remote(server_app, "ping")
 def ping(
+    target: Target,
     how_many: Annotated[int, typer.Option("--count", "-c", help="Round trips.")] = 5,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """PING/PONG round trips."""
 
     async def work(conn: Connection) -> list[float]:
         return await _rtts(conn, max(1, how_many))
 
-    rtts = run(Target(server, user, password, token, context), work)
+    rtts = run(target, work)
     if as_json:
         emit_json({"rtt_seconds": rtts})
         return
@@ -143,19 +124,15 @@ def ping(
     )
 
 
-@server_app.command("check", cls=Command)
+@remote(server_app, "check")
 def check(
+    target: Target,
     max_rtt: Annotated[
         float, typer.Option("--max-rtt", help="Seconds a round trip may take.")
     ] = 1.0,
     jetstream: Annotated[
         bool, typer.Option("--jetstream/--no-jetstream", help="Require JetStream.")
     ] = True,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Health for scripts and probes: exit 0 when healthy, 1 (with the reason) when not."""
 
@@ -167,4 +144,4 @@ def check(
             raise Failure("CRITICAL: JetStream is not available")
         return f"OK: round trip {rtt * 1000:.1f} ms" + (", JetStream ok" if jetstream else "")
 
-    typer.echo(run(Target(server, user, password, token, context), work))
+    typer.echo(run(target, work))

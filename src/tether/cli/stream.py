@@ -12,38 +12,23 @@ from typing import Annotated, Any
 
 import typer
 
-from tether.cli._typer import CONTEXT, MARKUP, Command, Group
+from tether.cli._typer import group
 from tether.cli.output import count, emit_json, pairs, size, table
 from tether.cli.remote import (
-    ContextOpt,
     Failure,
     JsonOpt,
-    PasswordOpt,
-    ServerOpt,
     Target,
-    TokenOpt,
-    UserOpt,
     fail,
+    remote,
     run,
 )
 from tether.client import Connection, NotFound
 
-stream_app = typer.Typer(
-    name="stream",
-    help="Streams: list, add, info, edit, rm, purge, view, get, subjects, backup, restore.",
-    cls=Group,
-    no_args_is_help=True,
-    context_settings=CONTEXT,
-    rich_markup_mode=MARKUP,
+stream_app = group(
+    "stream", "Streams: list, add, info, edit, rm, purge, view, get, subjects, backup, restore."
 )
 
 NameArg = Annotated[str, typer.Argument(help="Stream name.")]
-
-
-def _target(
-    server: str | None, user: str | None, password: str | None, token: str | None, ctx: str | None
-) -> Target:
-    return Target(server, user, password, token, ctx)
 
 
 async def api(conn: Connection, operation: str, body: Any = None) -> Any:
@@ -94,14 +79,10 @@ def _duration(ns: int) -> str:
     return f"{seconds:g}s" if seconds < 120 else f"{seconds / 60:g}m"
 
 
-@stream_app.command("ls", cls=Command)
+@remote(stream_app, "ls")
 def ls(
+    target: Target,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """List streams with their message counts and sizes."""
 
@@ -116,7 +97,7 @@ def ls(
             if not items or offset >= int(page.get("total", 0)):
                 return infos
 
-    infos = run(_target(server, user, password, token, context), work)
+    infos = run(target, work)
     if as_json:
         emit_json(infos)
         return
@@ -137,22 +118,18 @@ def ls(
     )
 
 
-@stream_app.command("info", cls=Command)
+@remote(stream_app, "info")
 def info(
+    target: Target,
     name: NameArg,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """A stream's configuration and state."""
 
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.INFO.{name}")
 
-    found = run(_target(server, user, password, token, context), work)
+    found = run(target, work)
     if as_json:
         emit_json(found)
         return
@@ -214,8 +191,9 @@ def _fields(
     }
 
 
-@stream_app.command("add", cls=Command)
+@remote(stream_app, "add")
 def add(
+    target: Target,
     name: NameArg,
     subjects: SubjectsOpt = None,
     config: ConfigOpt = None,
@@ -227,11 +205,6 @@ def add(
     dupe_window: DupeOpt = None,
     allow_direct: DirectOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Create a stream (flags, or --config FILE.json as nats-server's JSON)."""
     body = _config_from_flags(
@@ -244,15 +217,16 @@ def add(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.CREATE.{name}", body)
 
-    created = run(_target(server, user, password, token, context), work)
+    created = run(target, work)
     if as_json:
         emit_json(created)
         return
     pairs(f"Stream {name} created", _state_rows(created))
 
 
-@stream_app.command("edit", cls=Command)
+@remote(stream_app, "edit")
 def edit(
+    target: Target,
     name: NameArg,
     subjects: SubjectsOpt = None,
     config: ConfigOpt = None,
@@ -262,11 +236,6 @@ def edit(
     dupe_window: DupeOpt = None,
     allow_direct: DirectOpt = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Change a stream: the given fields over its current configuration."""
 
@@ -280,22 +249,18 @@ def edit(
         )
         return await api(conn, f"STREAM.UPDATE.{name}", {**current, **changes})
 
-    updated = run(_target(server, user, password, token, context), work)
+    updated = run(target, work)
     if as_json:
         emit_json(updated)
         return
     pairs(f"Stream {name} updated", _state_rows(updated))
 
 
-@stream_app.command("rm", cls=Command)
+@remote(stream_app, "rm")
 def rm(
+    target: Target,
     name: NameArg,
     force: Annotated[bool, typer.Option("--force", "-f", help="Do not ask.")] = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Delete a stream with its messages and consumers."""
     if not force and not typer.confirm(f"Delete stream {name} and all its messages?"):
@@ -304,23 +269,19 @@ def rm(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.DELETE.{name}")
 
-    run(_target(server, user, password, token, context), work)
+    run(target, work)
     typer.echo(f"Stream {name} deleted")
 
 
-@stream_app.command("purge", cls=Command)
+@remote(stream_app, "purge")
 def purge(
+    target: Target,
     name: NameArg,
     subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
     keep: Annotated[int | None, typer.Option("--keep", help="Keep the newest N.")] = None,
     seq: Annotated[int | None, typer.Option("--seq", help="Remove below this sequence.")] = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Do not ask.")] = False,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Remove messages: all, one subject's, all but the newest N, or below a sequence."""
     if keep is not None and seq is not None:
@@ -332,7 +293,7 @@ def purge(
     async def work(conn: Connection) -> Any:
         return await api(conn, f"STREAM.PURGE.{name}", body or None)
 
-    result = run(_target(server, user, password, token, context), work)
+    result = run(target, work)
     if as_json:
         emit_json(result)
         return
@@ -366,19 +327,15 @@ def _show_message(view: dict[str, Any]) -> None:
     typer.echo("")
 
 
-@stream_app.command("get", cls=Command)
+@remote(stream_app, "get")
 def get(
+    target: Target,
     name: NameArg,
     seq: Annotated[int | None, typer.Argument(help="Sequence (or --last-for).")] = None,
     last_for: Annotated[
         str | None, typer.Option("--last-for", help="The newest message of this subject.")
     ] = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """One message, by sequence or as the newest of a subject."""
     if (seq is None) == (last_for is None):
@@ -388,25 +345,21 @@ def get(
     async def work(conn: Connection) -> Any:
         return (await api(conn, f"STREAM.MSG.GET.{name}", body))["message"]
 
-    view = _message_view(run(_target(server, user, password, token, context), work))
+    view = _message_view(run(target, work))
     if as_json:
         emit_json(view)
     else:
         _show_message(view)
 
 
-@stream_app.command("view", cls=Command)
+@remote(stream_app, "view")
 def view(
+    target: Target,
     name: NameArg,
     start: Annotated[int, typer.Option("--start", help="First sequence.")] = 1,
     limit: Annotated[int, typer.Option("--count", "-n", help="Most messages shown.")] = 10,
     subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Page through messages with their headers, oldest first."""
 
@@ -428,7 +381,7 @@ def view(
             seq = int(found["seq"]) + 1
         return out
 
-    views = run(_target(server, user, password, token, context), work)
+    views = run(target, work)
     if as_json:
         emit_json(views)
         return
@@ -438,16 +391,12 @@ def view(
         _show_message(one)
 
 
-@stream_app.command("subjects", cls=Command)
+@remote(stream_app, "subjects")
 def subjects(
+    target: Target,
     name: NameArg,
     filter_: Annotated[str, typer.Argument(metavar="[FILTER]", help="Subject filter.")] = ">",
     as_json: JsonOpt = False,
-    server: ServerOpt = None,
-    user: UserOpt = None,
-    password: PasswordOpt = None,
-    token: TokenOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Subjects in use and how many messages each holds."""
 
@@ -464,7 +413,7 @@ def subjects(
             if not page or offset >= int(resp.get("total", 0)):
                 return counts
 
-    counts = run(_target(server, user, password, token, context), work)
+    counts = run(target, work)
     if as_json:
         emit_json(counts)
         return
