@@ -45,7 +45,7 @@ _RIGHT = _function("Right")
 _RANDOM = _function("Random")
 
 # The functions ``ValidateMapping`` accepts in stream, source and mirror transforms
-# (``left`` and ``right`` exist but are refused there as unknown).
+# (nats-server 2.15 takes ``left`` and ``right`` there too).
 _VALIDATED = (
     _PARTITION,
     _WILDCARD,
@@ -54,6 +54,8 @@ _VALIDATED = (
     _SLICE_FROM_LEFT,
     _SLICE_FROM_RIGHT,
     _SPLIT,
+    _LEFT,
+    _RIGHT,
     _RANDOM,
 )
 
