@@ -339,6 +339,65 @@ async def test_verbose_acknowledges_every_op(compare: Callable[..., Awaitable[li
     ]
 
 
+async def test_reserved_reply_prefixes_are_refused(
+    compare: Callable[..., Awaitable[list[str]]],
+) -> None:
+    """A reply under a prefix nats-server keeps for itself drops the message with an
+    -ERR (no +OK) and keeps the connection; the bare prefix and lookalikes pass."""
+    lines = await compare(
+        script(
+            connect(verbose=True),
+            b"SUB foo 1\r\n",
+            b"PUB foo $JS.ACK.S.C.1.1.1.0.0 2\r\nhi\r\n",
+            b"PUB foo _R_.abc.x 2\r\nhi\r\n",
+            b"HPUB foo _GR_.a.b 12 14\r\nNATS/1.0\r\n\r\nhi\r\n",
+            b"PUB foo $JS.ACK 2\r\nok\r\n",
+            b"PUB foo $GNR.a.b.c 2\r\nok\r\n",
+            b"PUB foo _INBOX.x 2\r\nok\r\n",
+        )
+    )
+    assert without_info(lines) == [
+        "+OK",
+        "+OK",
+        "-ERR 'Permissions Violation for Publish with Reply of \"$JS.ACK.S.C.1.1.1.0.0\"'",
+        "-ERR 'Permissions Violation for Publish with Reply of \"_R_.abc.x\"'",
+        "-ERR 'Permissions Violation for Publish with Reply of \"_GR_.a.b\"'",
+        "+OK",
+        "MSG foo 1 $JS.ACK 2 | b'ok'",
+        "+OK",
+        "MSG foo 1 $GNR.a.b.c 2 | b'ok'",
+        "+OK",
+        "MSG foo 1 _INBOX.x 2 | b'ok'",
+        "PONG",
+        "PONG",
+    ]
+
+
+async def test_reserved_reply_in_a_pipelined_run(
+    compare: Callable[..., Awaitable[list[str]]],
+) -> None:
+    """Pipelined publishes around a refused one are delivered in order, the -ERR in
+    its place."""
+    lines = await compare(
+        script(
+            connect(),
+            b"SUB foo 1\r\n",
+            b"PUB foo _INBOX.1 1\r\na\r\nPUB foo $JS.ACK.x.y 1\r\nb\r\nPUB foo _INBOX.2 1\r\nc\r\n",
+            b"PUB foo 1\r\nd\r\nPUB foo 1\r\ne\r\nPUB foo _R_.z 1\r\nf\r\n",
+        )
+    )
+    assert without_info(lines) == [
+        "MSG foo 1 _INBOX.1 1 | b'a'",
+        "-ERR 'Permissions Violation for Publish with Reply of \"$JS.ACK.x.y\"'",
+        "MSG foo 1 _INBOX.2 1 | b'c'",
+        "MSG foo 1 1 | b'd'",
+        "MSG foo 1 1 | b'e'",
+        "-ERR 'Permissions Violation for Publish with Reply of \"_R_.z\"'",
+        "PONG",
+        "PONG",
+    ]
+
+
 async def test_connect_defaults_to_verbose(compare: Callable[..., Awaitable[list[str]]]) -> None:
     # An empty CONNECT leaves nats-server's defaults: verbose and pedantic.
     lines = await compare(script(b"CONNECT {}\r\n", b"PUB foo.* 1\r\nx\r\n"))

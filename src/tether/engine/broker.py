@@ -1,25 +1,1463 @@
-import sys
-R = [("""    def _is_schedule(self, stream: Stream) -> Callable[[str], bool]:
-        def is_schedule(subject: str) -> bool:
-            found = self._schedules.get((stream.name, subject))
-            return found is not None and stream.meta(found.seq) is not None
-""", """    def _is_schedule(self, stream: Stream) -> Callable[[str], bool]:
+"""The broker: the one facade front doors use to reach streams and their messages.
+
+It applies the engine's decisions to storage through group commit: every change made
+in one loop tick is committed together and a publish is acknowledged only once its
+commit is durable. Listeners hear about committed messages and stream changes, which
+is how consumers learn about new work and front doors about subjects to capture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tether.engine import errors
+from tether.engine.clock import Clock, Timer
+from tether.engine.streams import StreamListener, counters
+from tether.engine.streams import schedules as sched
+from tether.engine.streams.batches import BATCH_ID, AtomicBatches, Staged
+from tether.engine.streams.config import (
+    StreamConfig,
+    check_create,
+    check_update,
+    decode_config,
+    decode_stored_config,
+    encode_config,
+    normalize,
+)
+from tether.engine.streams.sourcing import input_transform
+from tether.engine.streams.expiry import MARKER_REASON, NS, marker_headers, with_ttl
+from tether.engine.streams.republisher import Republisher
+from tether.engine.streams.stream import (
+    EXPECTED_LAST_MSG_ID,
+    EXPECTED_LAST_SEQ,
+    EXPECTED_LAST_SUBJ_SEQ,
+    EXPECTED_LAST_SUBJ_SEQ_SUBJECT,
+    EXPECTED_STREAM,
+    MSG_ID,
+    MSG_TTL,
+    PRIORITY,
+    PRIORITY_RANGE,
+    ROLLUP,
+    Stream,
+    message_ttl,
+    parse_priority,
+)
+from tether.engine.subjects import filters_overlap
+from tether.storage.base import (
+    MessageColumns,
+    MessageMeta,
+    StorageError,
+    Store,
+    StoredMessage,
+    StreamRecord,
+)
+
+log = logging.getLogger("tether.broker")
+
+
+@dataclass(slots=True)
+class PubAck:
+    stream: str
+    seq: int
+    duplicate: bool = False
+    # An atomic batch's commit: its id and how many messages it stored.
+    batch: str = ""
+    count: int = 0
+    # A counter's new total.
+    val: str = ""
+    # A batch message staged for its commit (answered with an empty reply).
+    staged: bool = False
+
+
+AckCallback = Callable[[PubAck | errors.ApiError], None]
+
+
+class PubAckSink(Protocol):
+    """Who answers publishers that gave a reply subject (the NATS front door).
+
+    The broker hands over a whole run of publishes at once: ``replies[i]`` (possibly
+    empty: nobody to answer) was stored at ``first_seq + i``. Handing over runs rather
+    than one callback per message keeps the publish path free of per-message closures
+    and lets the sink format and route every PubAck of a commit in one go.
+    """
+
+    def pub_acked(self, stream: str, first_seq: int, replies: list[str], duplicate: bool) -> None:
+        """The run is durable (or, with ``duplicate``, its original is)."""
+
+    def pub_failed(self, stream: str, replies: list[str], error: errors.ApiError) -> None:
+        """The publishes were refused, or the commit holding them failed."""
+
+
+# A publisher waiting for a commit: (callback, stream, seq, None, duplicate) for one
+# publish with a callback, or (sink, stream, first seq, replies, duplicate) for a run.
+_Waiter = tuple[Any, str, int, list[str] | None, bool]
+
+
+class _Tick:
+    """What one group commit carries besides the writes: who to tell when it lands."""
+
+    __slots__ = ("appended", "atomic", "first_seq", "merged", "waiters")
+
+    def __init__(self) -> None:
+        # (stream, first seq, last seq, msg id): a run of appends, newest last; a msg id
+        # only on single publishes (a run carries no headers, hence no Nats-Msg-Id).
+        self.appended: list[tuple[Stream, int, int, str]] = []
+        # The PubAcks are built only when the commit lands, so a publish allocates no
+        # closure of its own.
+        self.waiters: list[_Waiter] = []
+        # The first sequence this commit holds, per stream (commits are in seq order).
+        self.first_seq: dict[str, int] = {}
+        # The replies of the last waiter when this tick built that list by merging runs
+        # (see Broker._ran), so that later runs extend it in place.
+        self.merged: list[str] | None = None
+        # Atomic batches in this commit, (stream, first seq, last seq): refused whole.
+        self.atomic: list[tuple[str, int, int]] = []
+
+
+@dataclass(slots=True)
+class LoadProgress:
+    """How far :meth:`Broker.load` has come, for progress lines while a store loads."""
+
+    streams_total: int = 0
+    streams: int = 0
+    messages: int = 0
+    current: str = ""  # the stream being read now
+
+
+class Broker:
+    """Streams and their messages, persisted through a :class:`Store`."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+        self.streams: dict[str, Stream] = {}
+        self.listeners: list[StreamListener] = []
+        self._ticks: dict[int, _Tick] = {}
+        self._last_fut: asyncio.Future[None] | None = None
+        self._last_tick: _Tick | None = None
+        self._expiry_timer: Timer | None = None
+        self._expiry_at = 0
+        self.loaded = LoadProgress()
+        self.batches = AtomicBatches(clock)
+        # The one timer heap for delayed work (stream schedules, HTTP scheduled messages).
+        self.timetable = sched.Timetable(clock)
+        self._counters: dict[str, counters.CounterValues] = {}
+        self._schedules: dict[tuple[str, str], sched.Schedule] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
+        # Sends what streams with ``republish`` store, once durable (a front door
+        # sets its sink).
+        self.republisher = Republisher()
+        self.listeners.append(self.republisher)
+        # The message a delete marker being stored stands for (its republished
+        # Nats-Last-Sequence, as nats-server reports it).
+        self._marker_for = 0
+        store.on_refused(self._take_back)
+
+    # -- startup ---------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Rebuild every stream's index from storage (after a restart or a crash)."""
+        now = self.clock.now()
+        records = await self.store.load_streams()
+        self.loaded = LoadProgress(streams_total=len(records))
+        for record in records:
+            config = decode_stored_config(record.config)
+            stream = Stream(config, record.created_ns)
+            self.loaded.current = record.name
+            index = await self.store.load_index(record.name)
+            stream.load(index, await self.store.load_last_seq(record.name))
+            await self._restore_dedup(stream, index, now)
+            await self._restore_ttls(stream, index)
+            self.streams[stream.name] = stream
+            self.loaded.streams += 1
+            self.loaded.messages += len(index)
+        self.loaded.current = ""
+        for stream in self.streams.values():
+            await self._load_features(stream)
+        for stream in self.streams.values():
+            # A failed commit may have left messages the limits had already evicted.
+            removed = stream.enforce_limits()
+            if removed:
+                self._delete_seqs(stream, removed)
+            self._expire(stream)
+        self._schedule_expiry()
+
+    async def _load_features(self, stream: Stream) -> None:
+        """Counter totals and live schedules, from what the store holds."""
+        cfg = stream.config
+        if cfg.allow_msg_counter:
+            values = self._counters[stream.name] = counters.CounterValues()
+            seq = stream.first_seq
+            while seq <= stream.last_seq:
+                msgs = await self.store.read_range(stream.name, seq, 1000)
+                if not msgs:
+                    break
+                for msg in msgs:
+                    values.set(msg.seq, counters.read_value(msg.data))
+                seq = msgs[-1].seq + 1
+        if cfg.allow_msg_schedules:
+            await self._load_schedules(stream)
+
+    async def _load_schedules(self, stream: Stream) -> None:
+        """Every schedule is the last message of its subject; when it fires next is
+        what the last message it produced says (see ``schedules``)."""
+        lasts = sorted(stream.last_by_subject(s) for s in stream.subjects_state(">"))
+        found: list[sched.Schedule] = []
+        for i in range(0, len(lasts), 1000):
+            for msg in await self.store.read_many(stream.name, lasts[i : i + 1000]):
+                fields = _header_fields(msg.headers) if msg.headers else {}
+                if not fields.get(sched.SCHEDULE):
+                    continue
+                try:
+                    schedule = sched.check_publish(
+                        msg.subject,
+                        stream.config.subjects,
+                        True,
+                        True,
+                        fields,
+                        lambda _v: True,
+                    )
+                except errors.ApiError:
+                    continue
+                if schedule is not None:
+                    schedule.stream = stream.name
+                    schedule.seq = msg.seq
+                    schedule.due_ns = schedule.pattern.first_due(msg.ts)
+                    found.append(schedule)
+        for schedule in found:
+            if schedule.pattern.kind != "at":
+                nxt = await self._last_produced(stream, schedule)
+                if nxt:
+                    schedule.due_ns = nxt
+            self._arm_schedule(schedule)
+
+    async def _last_produced(self, stream: Stream, schedule: sched.Schedule) -> int:
+        """The next fire the newest message ``schedule`` produced recorded, or 0."""
+        seqs = [s for s in stream.seqs_matching(schedule.seq + 1, (schedule.target,))]
+        while seqs:
+            chunk, seqs = seqs[-64:], seqs[:-64]
+            for msg in reversed(await self.store.read_many(stream.name, chunk)):
+                fields = _header_fields(msg.headers) if msg.headers else {}
+                if fields.get(sched.SCHEDULER) == schedule.subject.encode():
+                    return sched.next_from_produced(fields) or 0
+        return 0
+
+    async def _restore_dedup(self, stream: Stream, index: list[MessageMeta], now: int) -> None:
+        cutoff = now - stream.config.duplicate_window
+        recent = [m.seq for m in index if m.ts >= cutoff]
+        if index and not recent:
+            recent = [index[-1].seq]  # for Nats-Expected-Last-Msg-Id
+        for i in range(0, len(recent), 1000):
+            for msg in await self.store.read_many(stream.name, recent[i : i + 1000]):
+                msg_id = _header_fields(msg.headers).get(MSG_ID) if msg.headers else None
+                if msg_id:
+                    stream.remember_msg_id(msg_id.decode(errors="replace"), msg.seq, msg.ts)
+
+    async def _restore_ttls(self, stream: Stream, index: list[MessageMeta]) -> None:
+        """Per-message TTLs and delete markers are in the stored headers: read them back."""
+        if not stream.config.allow_msg_ttl or not index:
+            return
+        start, last = index[0].seq, index[-1].seq
+        while start <= last:
+            cols = await self.store.read_columns(stream.name, start, last, 10_000)
+            if not cols.seqs:
+                break
+            for seq, block, ts in zip(cols.seqs, cols.headers, cols.stamps, strict=True):
+                if block and MSG_TTL in block:
+                    self._track_headers(stream, seq, ts, block, False)
+            start = cols.seqs[-1] + 1
+
+    # -- stream management ------------------------------------------------------------------
+    def _notify_changed(self, stream: Stream) -> None:
+        for listener in self.listeners:
+            listener.on_stream_changed(stream)
+
+    async def create_stream(self, name: str, body: bytes) -> tuple[Stream, bool]:
+        """STREAM.CREATE: returns (stream, created); identical re-create succeeds.
+
+        The checks run in nats-server's order, so the first error reported is the same.
+        """
+        config = decode_config(body)
+        check_create(name, config)
+        normalize(config, self._config_of)
+        if config.num_replicas > 1:
+            raise errors.replicas_not_supported()
+        existing = self.streams.get(config.name)
+        if existing is not None:
+            if encode_config(existing.config) == encode_config(config):
+                return existing, False
+            raise errors.stream_name_exists()
+        self._check_overlap(config, None)
+        stream = Stream(config, self.clock.now())
+        stream.start_empty()
+        self.streams[config.name] = stream
+        try:
+            await self._durable(
+                self.store.put_stream(
+                    StreamRecord(config.name, encode_config(config), stream.created_ns)
+                )
+            )
+        except errors.ApiError:
+            if self.streams.get(config.name) is stream:
+                del self.streams[config.name]
+            raise
+        log.debug("stream %s created (subjects %s)", stream.name, ", ".join(config.subjects))
+        self._notify_changed(stream)
+        return stream, True
+
+    async def update_stream(self, name: str, body: bytes) -> Stream:
+        """STREAM.UPDATE, with nats-server's checks in its order."""
+        config = normalize(decode_config(body), self._config_of)
+        if config.name != name:
+            raise errors.stream_name_mismatch()
+        stream = self.get_stream(name)
+        check_update(stream.config, config)
+        self._check_overlap(config, stream)
+        stream.config = config
+        removed = stream.enforce_limits()
+        if removed:
+            self._delete_seqs(stream, removed)
+        await self._durable(
+            self.store.put_stream(
+                StreamRecord(config.name, encode_config(config), stream.created_ns)
+            )
+        )
+        log.debug("stream %s updated", name)
+        self._notify_changed(stream)
+        self._schedule_expiry()
+        return stream
+
+    def _check_overlap(self, config: StreamConfig, own: Stream | None) -> None:
+        for other in self.streams.values():
+            if other is own or other.name == config.name:
+                continue
+            for a in config.subjects:
+                for b in other.config.subjects:
+                    if filters_overlap(a, b):
+                        raise errors.subjects_overlap()
+
+    def _config_of(self, name: str) -> StreamConfig | None:
+        stream = self.streams.get(name)
+        return stream.config if stream is not None else None
+
+    def get_stream(self, name: str) -> Stream:
+        stream = self.streams.get(name)
+        if stream is None:
+            raise errors.stream_not_found()
+        return stream
+
+    async def delete_stream(self, name: str) -> None:
+        stream = self.get_stream(name)
+        del self.streams[name]
+        self.batches.drop_stream(name)
+        self._counters.pop(name, None)
+        for listener in self.listeners:
+            listener.on_stream_deleted(stream)
+        await self._durable(self.store.delete_stream(name))
+        log.debug("stream %s deleted", name)
+
+    async def purge_stream(self, name: str, filter_: str, seq: int, keep: int) -> int:
+        """STREAM.PURGE: everything, or what ``filter_`` matches, below ``seq`` or but ``keep``."""
+        if seq and keep:
+            raise errors.bad_request()
+        stream = self.get_stream(name)
+        if stream.config.sealed:
+            raise errors.stream_sealed()
+        if stream.config.deny_purge:
+            raise errors.purge_not_permitted()
+        last = stream.last_seq
+        removed = stream.purge(filter_, seq, keep)
+        if removed:
+            self._delete_seqs(stream, removed)
+        if stream.last_seq > last:
+            # Numbering moved forward: storage keeps the high-water mark of every append,
+            # so store a placeholder at the new last sequence and delete it at once.
+            mark = StoredMessage(stream.last_seq, name, b"", b"", self.clock.now())
+            self.store.append(name, mark)
+            self.store.delete_range(name, mark.seq, mark.seq)
+        await self._durable(self.store.flush())
+        return len(removed)
+
+    async def delete_message(self, name: str, seq: int) -> None:
+        """STREAM.MSG.DELETE, with nats-server's errors for each kind of missing seq."""
+        stream = self.get_stream(name)
+        if stream.config.sealed:
+            raise errors.stream_sealed()
+        if stream.config.deny_delete:
+            raise errors.delete_not_permitted()
+        if seq > stream.last_seq:
+            raise errors.msg_delete_failed("stream store EOF")
+        if seq <= 0 or seq < stream.first_seq:
+            raise errors.msg_delete_failed("no message found")
+        if stream.remove(seq) is None:
+            raise errors.sequence_not_found(seq)
+        self._delete_seqs(stream, [seq])
+        await self._durable(self.store.flush())
+
+    def _delete_seqs(self, stream: Stream, seqs: list[int]) -> asyncio.Future[None]:
+        if len(seqs) > 1 and seqs[-1] - seqs[0] + 1 == len(seqs):
+            fut = self.store.delete_range(stream.name, seqs[0], seqs[-1])
+        else:
+            fut = self.store.delete_messages(stream.name, seqs)
+        for listener in self.listeners:
+            listener.on_messages_removed(stream, seqs)
+        return fut
+
+    def remove_messages(self, stream: Stream, seqs: list[int]) -> None:
+        """Retention (interest, workqueue): drop acked messages, in the current commit."""
+        removed = [seq for seq in sorted(seqs) if stream.remove(seq) is not None]
+        if removed:
+            self._delete_seqs(stream, removed)
+
+    async def _durable(self, fut: asyncio.Future[None]) -> None:
+        try:
+            await fut
+        except StorageError as exc:
+            raise _storage_failed(exc) from None
+
+    # -- publishing ---------------------------------------------------------------------------
+    def publish(
+        self,
+        stream: Stream,
+        subject: str,
+        headers: bytes | None,
+        payload: bytes,
+        on_durable: Callable[[PubAck | errors.ApiError], None] | None,
+    ) -> None:
+        """Store one message captured by ``stream``.
+
+        ``on_durable`` gets the PubAck once the commit holding the message is durable,
+        or the error (an immediate rejection, or the commit failing). A duplicate
+        (``Nats-Msg-Id`` inside the window) is acknowledged with the original seq.
+        """
+        self._publish_one(stream, subject, headers, payload, on_durable, None)
+
+    def publish_reply(
+        self,
+        stream: Stream,
+        subject: str,
+        headers: bytes | None,
+        payload: bytes,
+        sink: PubAckSink,
+        reply: str,
+    ) -> None:
+        """:meth:`publish`, answered through ``sink`` for ``reply`` instead of a callback."""
+        self._publish_one(stream, subject, headers, payload, sink, [reply])
+
+    def publish_many(
+        self,
+        stream: Stream,
+        subject: str,
+        payloads: list[bytes],
+        replies: list[str],
+        sink: PubAckSink | None,
+    ) -> None:
+        """Store a run of messages without headers to one subject, in order.
+
+        The outcome is that of :meth:`publish_reply` called for each message in turn
+        (same sequences, refusals, evictions and PubAcks); only the work is shared:
+        one clock read, one group-commit lookup and one waiter for the whole run.
+        ``replies[i]`` answers ``payloads[i]`` ("" when nobody asked); ``sink`` None
+        means nobody is answered (a ``no_ack`` stream).
+        """
+        if stream.config.allow_msg_counter:
+            # Each is refused for its missing Nats-Incr, as one publish would be.
+            for payload, reply in zip(payloads, replies, strict=True):
+                self._publish_one(stream, subject, None, payload, sink, [reply] if reply else None)
+            return
+        cfg = stream.config
+        name = stream.name
+        if not payloads:
+            return
+        if cfg.republish and not cfg.sealed:
+            # Each message is republished with its own headers: one at a time.
+            for payload, reply in zip(payloads, replies, strict=True):
+                target = sink if reply else None
+                self._publish_one(stream, subject, None, payload, target, [reply])
+            return
+        if cfg.subject_transform:
+            subject = _stored_subject(cfg, subject)
+        if cfg.sealed:
+            if sink is not None:
+                asked = [reply for reply in replies if reply]
+                if asked:
+                    sink.pub_failed(name, asked, errors.stream_sealed())
+            return
+        now = self.clock.now()
+        limit = cfg.max_msg_size
+        discard_new = cfg.discard == "new"
+        overhead = len(subject) + 16
+        if limit < 0 and not discard_new and not stream.evicts:
+            # Nothing can refuse or evict any of them: index the run in one go.
+            sizes = [overhead + len(payload) for payload in payloads]
+            first = stream.append_run(subject, sizes, now)
+            store_append = self.store.append
+            seq = first
+            for payload in payloads:
+                store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
+                seq += 1
+            self._ran(stream, first, seq - 1, sink, replies)
+            return
+        append = stream.append
+        store_append = self.store.append
+        accepted: list[str] = []
+        first = 0
+        seq = 0
+        for payload, reply in zip(payloads, replies, strict=True):
+            plen = len(payload)
+            size = overhead + plen
+            # The checks of :meth:`_publish_one` that apply without headers, in its order.
+            if (limit >= 0 and plen > limit) or discard_new:
+                try:
+                    stream.check_size(0, plen)
+                    stream.check_limits_for_new(subject, size, False)
+                except errors.ApiError as exc:
+                    if reply and sink is not None:
+                        sink.pub_failed(name, [reply], exc)
+                    continue
+            seq = stream.last_seq + 1
+            if not first:
+                first = seq
+            removed = append(MessageMeta(seq, subject, size, now, 0), "")
+            store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
+            if removed:
+                self._delete_seqs(stream, removed)
+            accepted.append(reply)
+        if accepted:
+            self._ran(stream, first, seq, sink, accepted)
+
+    def publish_mixed(
+        self,
+        stream: Stream,
+        subjects: list[str],
+        payloads: list[bytes],
+        replies: list[str],
+        sink: PubAckSink | None,
+    ) -> None:
+        """:meth:`publish_many` for a run whose messages each have their own subject
+        (``subjects[i]`` for ``payloads[i]``): the same outcome as publishing them one
+        by one. A stream without limits that could refuse or evict indexes the run in
+        one go; any other takes it a subject run at a time."""
+        cfg = stream.config
+        if (
+            cfg.sealed
+            or cfg.max_msg_size >= 0
+            or cfg.discard == "new"
+            or stream.evicts
+            or cfg.allow_msg_counter
+            or cfg.republish
+        ):
+            start = 0
+            n = len(subjects)
+            for i in range(1, n + 1):
+                if i == n or subjects[i] != subjects[start]:
+                    self.publish_many(
+                        stream, subjects[start], payloads[start:i], replies[start:i], sink
+                    )
+                    start = i
+            return
+        if not payloads:
+            return
+        if cfg.subject_transform:
+            subjects = [_stored_subject(cfg, subject) for subject in subjects]
+        now = self.clock.now()
+        sizes = [len(s) + 16 + len(p) for s, p in zip(subjects, payloads, strict=True)]
+        first = stream.append_mixed(subjects, sizes, now)
+        store_append = self.store.append
+        name = stream.name
+        seq = first
+        for subject, payload in zip(subjects, payloads, strict=True):
+            store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
+            seq += 1
+        self._ran(stream, first, seq - 1, sink, replies)
+
+    def _ran(
+        self, stream: Stream, first: int, last: int, sink: PubAckSink | None, replies: list[str]
+    ) -> None:
+        """Book a run of appends stored at ``first..last`` into the current tick.
+
+        A run that continues the tick's last one (same stream, next sequence, same
+        sink) is merged into it: a publisher alternating between subjects sends runs of
+        one message, which are then acknowledged together all the same.
+        """
+        tick = self._tick_for(self.store.flush())
+        name = stream.name
+        appended = tick.appended
+        prev = appended[-1] if appended else None
+        if prev is not None and prev[0] is stream and prev[2] + 1 == first and not prev[3]:
+            appended[-1] = (stream, prev[1], last, "")
+        else:
+            appended.append((stream, first, last, ""))
+            if name not in tick.first_seq:
+                tick.first_seq[name] = first
+        if sink is not None and not self._merge_waiter(tick, sink, name, first, replies):
+            tick.waiters.append((sink, name, first, replies, False))
+        if stream.config.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+
+    @staticmethod
+    def _merge_waiter(
+        tick: _Tick, sink: PubAckSink, name: str, first: int, replies: list[str]
+    ) -> bool:
+        """Add ``replies`` (for ``first``…) to the tick's last waiter if it is the same
+        sink's for the sequences just before; whether it was."""
+        if not tick.waiters:
+            return False
+        target, wname, wfirst, wreplies, duplicate = tick.waiters[-1]
+        if (
+            target is not sink
+            or wname != name
+            or wreplies is None
+            or duplicate
+            or wfirst + len(wreplies) != first
+        ):
+            return False
+        if tick.merged is wreplies:
+            wreplies += replies  # a list this tick built: extended in place
+        else:
+            tick.merged = wreplies + replies
+            tick.waiters[-1] = (sink, name, wfirst, tick.merged, False)
+        return True
+
+    def _publish_one(
+        self,
+        stream: Stream,
+        subject: str,
+        headers: bytes | None,
+        payload: bytes,
+        target: Any,
+        replies: list[str] | None,
+    ) -> None:
+        """One publish, answered through ``target``: a callback (or None) when
+        ``replies`` is None, else a :class:`PubAckSink` for ``replies`` (one reply)."""
+        cfg = stream.config
+        if cfg.subject_transform:
+            subject = _stored_subject(cfg, subject)
+        now = self.clock.now()
+        hdrs = headers or b""
+        msg_id = ""
+        priority = 0
+        rollup = ""
+        incr: int | None = None
+        schedule: sched.Schedule | None = None
+        stop = ""
+        ttl = 0
+        try:
+            if cfg.sealed:
+                raise errors.stream_sealed()
+            if cfg.allow_msg_counter and not hdrs:
+                raise counters.missing()
+            if hdrs:
+                # The checks and their order are nats-server's: expectations, dedup,
+                # expected last msg id, rollup, sizes, then the discard-new limits.
+                fields = _header_fields(hdrs)
+                if fields.get(BATCH_ID):
+                    self._publish_batched(stream, subject, hdrs, payload, fields, target, replies)
+                    return
+                if cfg.allow_msg_counter or counters.INCR in fields:
+                    if cfg.allow_msg_counter and MSG_TTL in fields:
+                        stream.check_expectations(subject, None, None, None, None, fields[MSG_TTL])
+                    incr = counters.check(cfg.allow_msg_counter, fields, payload)
+                if fields.get(sched.SCHEDULE):
+                    schedule = self._check_schedule(stream, subject, fields)
+                    if schedule is not None and ROLLUP not in fields:
+                        hdrs = sched.with_rollup(hdrs)
+                        fields[ROLLUP] = b"sub"
+                elif sched.SCHEDULER in fields or sched.NEXT in fields:
+                    stop = sched.check_stop(
+                        subject, cfg.allow_msg_schedules, fields, self._is_schedule(stream)
+                    )
+                ttl = stream.check_expectations(
+                    subject,
+                    fields.get(EXPECTED_STREAM),
+                    fields.get(EXPECTED_LAST_SEQ),
+                    fields.get(EXPECTED_LAST_SUBJ_SEQ),
+                    fields.get(EXPECTED_LAST_SUBJ_SEQ_SUBJECT),
+                    fields.get(MSG_TTL),
+                )
+                raw_id = fields.get(MSG_ID)
+                if raw_id:
+                    try:
+                        msg_id = raw_id.decode()
+                    except UnicodeDecodeError:
+                        raise errors.invalid_header("Nats-Msg-Id", "not UTF-8") from None
+                    dup = stream.duplicate_of(msg_id, now)
+                    if dup:
+                        if target is not None:
+                            self._ack_duplicate(stream, dup, target, replies)
+                        return
+                raw_last_id = fields.get(EXPECTED_LAST_MSG_ID)
+                if raw_last_id:
+                    stream.check_last_msg_id(raw_last_id)
+                raw_rollup = fields.get(ROLLUP)
+                if raw_rollup:
+                    if not cfg.allow_rollup_hdrs or cfg.deny_purge:
+                        raise errors.rollup_not_permitted()
+                    rollup = raw_rollup.decode(errors="replace").lower()
+                    if rollup not in ("sub", "all"):
+                        raise errors.invalid_rollup(rollup)
+                raw_priority = fields.get(PRIORITY)
+                if raw_priority:
+                    # Checked here, not by the store: a value it cannot hold would fail
+                    # the whole commit, and every publish of the tick with it.
+                    parsed = parse_priority(raw_priority)
+                    if parsed is None:
+                        raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
+                    priority = parsed
+                if ttl > 0 and cfg.subject_delete_marker_ttl:
+                    # A TTL below the delete markers' is raised to it (nats-server's
+                    # rule), and the TTL applied is the one stored.
+                    floor = cfg.subject_delete_marker_ttl // NS
+                    if ttl < floor:
+                        ttl = floor
+                        hdrs = with_ttl(hdrs, floor)
+            if incr is not None:
+                total = self._counter_total(stream, subject) + incr
+                payload = counters.body(total)
+                if target is not None and replies is None:
+                    target = _with_extras(target, val=str(total))
+            stream.check_size(len(hdrs), len(payload))
+            size = len(subject) + len(hdrs) + len(payload) + 16
+            stream.check_limits_for_new(subject, size, bool(rollup))
+        except errors.ApiError as exc:
+            if target is not None:
+                if replies is None:
+                    target(exc)
+                else:
+                    target.pub_failed(stream.name, replies, exc)
+            return
+        if stop:
+            self._stop_schedule(stream, stop)
+        removed = stream.rollup(subject, rollup) if rollup else []
+        seq = stream.last_seq + 1
+        msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
+        if cfg.republish:
+            last_on_subject = stream.last_by_subject(subject) or self._marker_for
+            self.republisher.record(
+                stream, cfg.republish, seq, subject, hdrs, payload, now, last_on_subject
+            )
+        removed += stream.append(MessageMeta(seq, subject, size, now, priority), msg_id)
+        if ttl:
+            self._track_ttl(stream, seq, now, ttl, MARKER_REASON in fields, True)
+        fut = self.store.append(stream.name, msg)
+        if removed:
+            self._delete_seqs(stream, removed)
+        tick = self._tick_for(fut)
+        tick.appended.append((stream, seq, seq, msg_id))
+        if stream.name not in tick.first_seq:
+            tick.first_seq[stream.name] = seq
+        if target is not None:
+            tick.waiters.append((target, stream.name, seq, replies, False))
+        if cfg.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+        if incr is not None:
+            self._counter_values(stream).set(seq, counters.read_value(payload))
+        if schedule is not None:
+            schedule.stream = stream.name
+            schedule.seq = seq
+            schedule.due_ns = schedule.pattern.first_due(now)
+            self._arm_schedule(schedule)
+
+    # -- atomic batches ------------------------------------------------------------------------
+    def _publish_batched(
+        self,
+        stream: Stream,
+        subject: str,
+        hdrs: bytes,
+        payload: bytes,
+        fields: dict[bytes, bytes],
+        target: Any,
+        replies: list[str] | None,
+    ) -> None:
+        """A message of an atomic batch: staged, or (its commit) the whole batch stored."""
+        name = stream.name
+        try:
+            stream.check_size(len(hdrs), len(payload))
+            staged = self.batches.stage(
+                name, stream.config.allow_atomic, subject, hdrs, payload, fields
+            )
+            if staged is None:
+                _answer(target, name, replies, PubAck(name, 0, staged=True))
+                return
+            batch, msgs, _ = staged
+            self._commit_batch(stream, batch.id, msgs, target, replies)
+        except errors.ApiError as exc:
+            _answer(target, name, replies, exc)
+
+    def _commit_batch(
+        self,
+        stream: Stream,
+        batch_id: str,
+        msgs: list[Staged],
+        target: Any,
+        replies: list[str] | None,
+    ) -> None:
+        """Store a batch all or nothing: every message is checked against the stream as
+        it was before the batch, then all are appended in this one synchronous call,
+        which puts them in one group commit (one transaction)."""
+        cfg = stream.config
+        if cfg.sealed:
+            raise errors.stream_sealed()
+        now = self.clock.now()
+        last = stream.last_seq
+        seen: set[str] = set()
+        written: set[str] = set()
+        totals: dict[str, int] = {}
+        prepared: list[tuple[str, bytes, bytes, str, int, str]] = []
+        total_size = 0
+        for i, m in enumerate(msgs):
+            f = m.fields
+            if EXPECTED_LAST_MSG_ID in f:
+                raise batches_unsupported("Nats-Expected-Last-Msg-Id")
+            if f.get(sched.SCHEDULE) or sched.SCHEDULER in f:
+                raise batches_unsupported("Nats-Schedule")
+            expected_stream = f.get(EXPECTED_STREAM)
+            if expected_stream and expected_stream != stream.name.encode():
+                raise errors.expected_stream_mismatch()
+            if MSG_TTL in f:
+                stream.check_expectations(m.subject, None, None, None, None, f[MSG_TTL])
+            payload = m.payload
+            if cfg.allow_msg_counter or counters.INCR in f:
+                incr = counters.check(cfg.allow_msg_counter, f, payload)
+                if incr is not None:
+                    base = totals.get(m.subject)
+                    if base is None:
+                        base = self._counter_total(stream, m.subject)
+                    totals[m.subject] = base + incr
+                    payload = counters.body(base + incr)
+            subj_seq = f.get(EXPECTED_LAST_SUBJ_SEQ)
+            if subj_seq is not None:
+                on = f.get(EXPECTED_LAST_SUBJ_SEQ_SUBJECT)
+                on_subject = on.decode("utf-8", "surrogateescape") if on else m.subject
+                if on_subject in written:
+                    raise batches_wrong_last_sequence()
+                stream.check_expectations(m.subject, None, None, subj_seq, on, None)
+            raw_last = f.get(EXPECTED_LAST_SEQ)
+            if raw_last is not None and (i or _uint(raw_last) != last):
+                raise errors.wrong_last_sequence(last + i)
+            msg_id = ""
+            raw_id = f.get(MSG_ID)
+            if raw_id:
+                msg_id = raw_id.decode("utf-8", "replace")
+                if msg_id in seen or stream.duplicate_of(msg_id, now):
+                    raise batches_duplicate_id()
+                seen.add(msg_id)
+            rollup = ""
+            raw_rollup = f.get(ROLLUP)
+            if raw_rollup:
+                if not cfg.allow_rollup_hdrs or cfg.deny_purge:
+                    raise errors.rollup_not_permitted()
+                rollup = raw_rollup.decode(errors="replace").lower()
+                if rollup not in ("sub", "all"):
+                    raise errors.invalid_rollup(rollup)
+            priority = 0
+            raw_priority = f.get(PRIORITY)
+            if raw_priority:
+                parsed = parse_priority(raw_priority)
+                if parsed is None:
+                    raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
+                priority = parsed
+            stream.check_size(len(m.headers), len(payload))
+            total_size += len(m.subject) + len(m.headers) + len(payload) + 16
+            written.add(m.subject)
+            prepared.append((m.subject, m.headers, payload, msg_id, priority, rollup))
+        if cfg.discard == "new":
+            st = stream.state
+            if cfg.max_msgs > 0 and st.msgs + len(prepared) > cfg.max_msgs:
+                raise errors.store_failed("maximum messages exceeded")
+            if cfg.max_bytes > 0 and st.bytes + total_size > cfg.max_bytes:
+                raise errors.store_failed("maximum bytes exceeded")
+        name = stream.name
+        first = stream.last_seq + 1
+        fut = None
+        for subject, hdrs, payload, msg_id, priority, rollup in prepared:
+            removed = stream.rollup(subject, rollup) if rollup else []
+            seq = stream.last_seq + 1
+            msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
+            size = len(subject) + len(hdrs) + len(payload) + 16
+            removed += stream.append(MessageMeta(seq, subject, size, now, priority), msg_id)
+            fut = self.store.append(name, msg)
+            if removed:
+                self._delete_seqs(stream, removed)
+            if MSG_TTL in hdrs:
+                self._track_headers(stream, seq, now, hdrs, True)
+            if cfg.allow_msg_counter:
+                self._counter_values(stream).set(seq, counters.read_value(payload))
+        assert fut is not None
+        last_seq = stream.last_seq
+        tick = self._tick_for(fut)
+        for (_, _, _, msg_id, _, _), seq in zip(prepared, range(first, last_seq + 1), strict=True):
+            tick.appended.append((stream, seq, seq, msg_id))
+        tick.first_seq.setdefault(name, first)
+        tick.atomic.append((name, first, last_seq))
+        if target is not None:
+            if replies is None:
+                target = _with_extras(target, batch=batch_id, count=len(prepared))
+            tick.waiters.append((target, name, last_seq, replies, False))
+        if cfg.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+
+    def _whole_batches(self, name: str, bad: dict[int, str]) -> dict[int, str]:
+        """``bad`` plus every other message of the atomic batches it touches: a batch
+        the store refuses part of is refused whole."""
+        out = dict(bad)
+        for tick in self._ticks.values():
+            for stream, lo, hi in tick.atomic:
+                if stream != name:
+                    continue
+                why = next((bad[s] for s in bad if lo <= s <= hi), None)
+                if why is not None:
+                    for seq in range(lo, hi + 1):
+                        out.setdefault(seq, f"{why} (its atomic batch is refused whole)")
+        return out
+
+    # -- counters --------------------------------------------------------------------------------
+    def _counter_values(self, stream: Stream) -> counters.CounterValues:
+        values = self._counters.get(stream.name)
+        if values is None:
+            values = self._counters[stream.name] = counters.CounterValues()
+        values.prune(stream.state.msgs, lambda seq: stream.meta(seq) is not None)
+        return values
+
+    def _counter_total(self, stream: Stream, subject: str) -> int:
+        """The total of ``subject``: what its last live message holds (0 if none)."""
+        value = self._counter_values(stream).at(stream.last_by_subject(subject))
+        if value is None:
+            raise counters.broken()
+        return value
+
+    # -- schedules -------------------------------------------------------------------------------
+    def _check_schedule(
+        self, stream: Stream, subject: str, fields: dict[bytes, bytes]
+    ) -> sched.Schedule | None:
+        cfg = stream.config
+        return sched.check_publish(
+            subject,
+            cfg.subjects,
+            cfg.allow_msg_schedules,
+            cfg.allow_msg_ttl,
+            fields,
+            lambda v: (message_ttl(v) or 0) != 0,
+        )
+
+    def _is_schedule(self, stream: Stream) -> Callable[[str], bool]:
         def is_schedule(subject: str) -> bool:
             # nats-server: a subject with no message may be named; one whose last
             # message is not a schedule may not.
             last = stream.last_by_subject(subject)
             found = self._schedules.get((stream.name, subject))
             return not last or (found is not None and found.seq == last)
-""")]
-def apply(text):
-    for old, new in R:
-        n = text.count(old)
-        if n != 1:
-            raise SystemExit(f"anchor found {n} times: {old[:80]!r}")
-        text = text.replace(old, new)
-    return text
-if __name__ == "__main__":
-    src = open(sys.argv[1]).read()
-    out = apply(src)
-    with open(sys.argv[2] if len(sys.argv) > 2 else sys.argv[1], "w") as fh:
-        fh.write(out)
+
+        return is_schedule
+
+    def _stop_schedule(self, stream: Stream, subject: str) -> None:
+        """Purge a schedule's subject (a client stopped it, or it fired for the last
+        time): in the same commit as the message that says so."""
+        self._schedules.pop((stream.name, subject), None)
+        self.timetable.cancel(("schedule", stream.name, subject))
+        removed = stream.purge(subject)
+        if removed:
+            self._delete_seqs(stream, removed)
+
+    def _arm_schedule(self, schedule: sched.Schedule) -> None:
+        key = (schedule.stream, schedule.subject)
+        self._schedules[key] = schedule
+        self.timetable.set(("schedule", *key), schedule.due_ns, lambda: self._fire_soon(schedule))
+
+    def _fire_soon(self, schedule: sched.Schedule) -> None:
+        task = asyncio.ensure_future(self._fire(schedule))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fire(self, schedule: sched.Schedule) -> None:
+        """Store what a due schedule produces (the schedule's message, or its source
+        subject's last one) on its target, and arm its next fire."""
+        stream = self.streams.get(schedule.stream)
+        key = (schedule.stream, schedule.subject)
+        if stream is None or self._schedules.get(key) is not schedule:
+            return
+        try:
+            msg = await self.read(stream, schedule.seq)
+            if schedule.source:
+                last = stream.last_by_subject(schedule.source)
+                msg = await self.read(stream, last) if last else msg
+        except StorageError as exc:
+            log.error("schedule %s of stream %s: %s", schedule.subject, stream.name, exc)
+            msg = None
+        if (
+            self.streams.get(schedule.stream) is not stream
+            or self._schedules.get(key) is not schedule
+        ):
+            return
+        if stream.meta(schedule.seq) is None:
+            self._schedules.pop(key, None)  # the schedule is gone (deleted, purged, expired)
+            return
+        if msg is None:
+            return
+        now = self.clock.now()
+        nxt = schedule.pattern.next_after(now)
+        headers = sched.produced_headers(msg.headers, schedule, nxt)
+
+        def failed(result: PubAck | errors.ApiError) -> None:
+            if isinstance(result, errors.ApiError):
+                log.error("schedule %s of stream %s: %s", schedule.subject, stream.name, result)
+
+        self._publish_one(stream, schedule.target, headers, msg.data, failed, None)
+        if nxt and self._schedules.get(key) is schedule:
+            schedule.due_ns = nxt
+            self._arm_schedule(schedule)
+
+    def append_mirrored(
+        self,
+        stream: Stream,
+        msg: StoredMessage,
+        on_durable: Callable[[PubAck | errors.ApiError], None],
+    ) -> None:
+        """Store a message a mirror copied, at its origin's sequence and time.
+
+        Sequences the origin no longer holds are left as gaps (nats-server's skips), so
+        the mirror numbers as its origin does. The limits apply (evicting old messages);
+        the publish checks do not: a mirror stores what its origin accepted.
+        """
+        if msg.seq <= stream.last_seq:
+            on_durable(errors.ApiError(400, 10071, "wrong last sequence"))
+            return
+        size = len(msg.subject) + len(msg.headers) + len(msg.data) + 16
+        meta = MessageMeta(msg.seq, msg.subject, size, msg.ts, msg.priority)
+        removed = stream.append(meta, "")
+        fut = self.store.append(stream.name, msg)
+        if removed:
+            self._delete_seqs(stream, removed)
+        tick = self._tick_for(fut)
+        tick.appended.append((stream, msg.seq, msg.seq, ""))
+        if stream.name not in tick.first_seq:
+            tick.first_seq[stream.name] = msg.seq
+        tick.waiters.append((on_durable, stream.name, msg.seq, None, False))
+        if stream.config.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+
+    def _ack_duplicate(
+        self, stream: Stream, seq: int, target: Any, replies: list[str] | None
+    ) -> None:
+        """Acknowledge a duplicate, but not before the original's commit is durable."""
+        for tick in reversed(self._ticks.values()):
+            first = tick.first_seq.get(stream.name)
+            if first is not None and first <= seq:
+                tick.waiters.append((target, stream.name, seq, replies, True))
+                return
+        if replies is None:
+            target(PubAck(stream.name, seq, True))
+        else:
+            target.pub_acked(stream.name, seq, replies, True)
+
+    def _tick_for(self, fut: asyncio.Future[None]) -> _Tick:
+        # Every write of a loop tick returns the same future: remember the last one so
+        # the common case is one identity check, not a dict lookup per publish.
+        if fut is self._last_fut and self._last_tick is not None:
+            return self._last_tick
+        key = id(fut)
+        tick = self._ticks.get(key)
+        if tick is None:
+            tick = self._ticks[key] = _Tick()
+            fut.add_done_callback(lambda f: self._committed(key, f))
+        self._last_fut = fut
+        self._last_tick = tick
+        return tick
+
+    def _committed(self, key: int, fut: asyncio.Future[None]) -> None:
+        tick = self._ticks.pop(key)
+        if self._last_tick is tick:
+            self._last_fut = None
+            self._last_tick = None
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            log.error("group commit failed: %s", exc)
+            # Nothing of this commit is stored: forget its messages (and their msg ids,
+            # so a retry is stored rather than reported as a duplicate), newest first.
+            for stream, first, last, msg_id in reversed(tick.appended):
+                for seq in range(last, first - 1, -1):
+                    stream.forget(seq, msg_id)
+        else:
+            by_stream: dict[str, tuple[Stream, list[int]]] = {}
+            for stream, first, last, _ in tick.appended:
+                if last > stream.durable_seq:
+                    stream.durable_seq = last
+                entry = by_stream.get(stream.name)
+                if entry is None:
+                    entry = by_stream[stream.name] = (stream, [])
+                if first == last:
+                    entry[1].append(first)
+                else:
+                    entry[1].extend(range(first, last + 1))
+            for stream, seqs in by_stream.values():
+                if self.streams.get(stream.name) is stream:
+                    for listener in self.listeners:
+                        listener.on_messages_committed(stream, seqs)
+        if exc is None:
+            for target, name, seq, replies, duplicate in tick.waiters:
+                if replies is None:
+                    target(PubAck(name, seq, duplicate))
+                else:
+                    target.pub_acked(name, seq, replies, duplicate)
+        else:
+            failed = _storage_failed(exc)
+            for target, name, _, replies, _ in tick.waiters:
+                if replies is None:
+                    target(failed)
+                else:
+                    target.pub_failed(name, replies, failed)
+
+    # -- appends the store refused ------------------------------------------------------------------
+    def _take_back(self, refused: dict[str, dict[int, str]]) -> None:
+        """The store can never commit these appends (a value it cannot hold): refuse
+        them alone, and store every later message of their streams again.
+
+        Called by the store before the rest of their commit goes ahead (nothing of
+        theirs is committed meanwhile). Every message of the stream from the first
+        refused one on is taken back (from the store's pending commits and from the
+        stream's index, giving the sequences back); the refused ones get an error, the
+        others are published again, in their order, as if they had just arrived: same
+        checks, the next sequences, acknowledged once their new commit is durable. So
+        one bad message never fails its neighbours nor leaves a hole in the numbering.
+        """
+        for name, bad in refused.items():
+            bad = self._whole_batches(name, bad)
+            first = min(bad)
+            msgs = self.store.withdraw(name, first)
+            streams, waiting, dups, msg_ids = self._unbook(name, first)
+            for stream in streams:
+                for msg in reversed(msgs):  # newest first: each gives its sequence back
+                    stream.forget(msg.seq, msg_ids.get(msg.seq, ""))
+            live = self.streams.get(name)
+            if live is not None and live not in streams:
+                live = None  # deleted (and maybe created again) since: nothing to redo
+            moved: dict[int, int] = {}
+            for msg in msgs:
+                target, replies = waiting.pop(msg.seq, (None, None))
+                why = bad.get(msg.seq)
+                if why is not None or live is None:
+                    error = errors.store_failed(f"storage failed: {why or 'stream deleted'}")
+                    _answer(target, name, replies, error)
+                    continue
+                before = live.last_seq
+                headers = msg.headers or None
+                self._publish_one(live, msg.subject, headers, msg.data, target, replies)
+                if live.last_seq != before:
+                    moved[msg.seq] = live.last_seq
+            for target, replies in waiting.values():  # no message left to store
+                _answer(target, name, replies, errors.store_failed("storage failed"))
+            for target, seq, replies in dups:
+                new = moved.get(seq)
+                if new is None or live is None:
+                    why = bad.get(seq, "the original was not stored")
+                    _answer(target, name, replies, errors.store_failed(f"storage failed: {why}"))
+                else:
+                    self._ack_duplicate(live, new, target, replies)
+            log.warning(
+                "stream %s: %d message(s) refused by the store (%s); %d stored again",
+                name,
+                len(bad),
+                next(iter(bad.values())),
+                len(moved),
+            )
+
+    def _unbook(
+        self, name: str, first: int
+    ) -> tuple[
+        list[Stream],
+        dict[int, tuple[Any, list[str] | None]],
+        list[tuple[Any, int, list[str] | None]],
+        dict[int, str],
+    ]:
+        """Take the appends of stream ``name`` from ``first`` on out of the commits in
+        flight: the streams they were made to, who waits for each sequence (target,
+        replies), the duplicates waiting for one of them, and their msg ids."""
+        streams: list[Stream] = []
+        waiting: dict[int, tuple[Any, list[str] | None]] = {}
+        dups: list[tuple[Any, int, list[str] | None]] = []
+        msg_ids: dict[int, str] = {}
+        for tick in self._ticks.values():
+            appended: list[tuple[Stream, int, int, str]] = []
+            for entry in tick.appended:
+                stream, lo, hi, msg_id = entry
+                if stream.name != name or hi < first:
+                    appended.append(entry)
+                    continue
+                if stream not in streams:
+                    streams.append(stream)
+                if msg_id:
+                    msg_ids[lo] = msg_id
+                if lo < first:
+                    appended.append((stream, lo, first - 1, msg_id))
+            tick.appended = appended
+            if tick.first_seq.get(name, 0) >= first:
+                del tick.first_seq[name]
+            waiters: list[_Waiter] = []
+            for waiter in tick.waiters:
+                target, wname, wseq, replies, duplicate = waiter
+                if wname != name:
+                    waiters.append(waiter)
+                elif duplicate:
+                    if wseq >= first:
+                        dups.append((target, wseq, replies))
+                    else:
+                        waiters.append(waiter)
+                elif replies is None:
+                    if wseq >= first:
+                        waiting[wseq] = (target, None)
+                    else:
+                        waiters.append(waiter)
+                else:
+                    keep = max(0, min(len(replies), first - wseq))
+                    if keep:
+                        waiters.append((target, wname, wseq, replies[:keep], False))
+                    for i in range(keep, len(replies)):
+                        if replies[i]:
+                            waiting[wseq + i] = (target, [replies[i]])
+            tick.waiters = waiters
+            tick.merged = None
+        return streams, waiting, dups, msg_ids
+
+    # -- reads ------------------------------------------------------------------------------------
+    async def read(self, stream: Stream, seq: int) -> StoredMessage | None:
+        """A live message, once durable: one still in its commit is returned after it."""
+        if stream.meta(seq) is None:
+            return None
+        cached = self.store.cached(stream.name, seq)
+        if cached is not None:
+            return cached
+        msg = await self.store.read(stream.name, seq)
+        if msg is None and self._ticks and stream.meta(seq) is not None:
+            await self._settled()
+            msg = await self.store.read(stream.name, seq)
+        return msg
+
+    async def _settled(self) -> None:
+        """Wait for the commits in flight (their failures are their publishers' business)."""
+        with contextlib.suppress(StorageError):
+            await self.store.flush()
+
+    async def get_message(
+        self, name: str, seq: int = 0, last_by_subj: str = "", next_by_subj: str = ""
+    ) -> StoredMessage:
+        """STREAM.MSG.GET / DIRECT.GET: by ``seq``, last on a subject (wildcards allowed),
+        or the first at or after ``seq`` on a subject. The caller validated the mix."""
+        stream = self.get_stream(name)
+        if last_by_subj:
+            seq = stream.last_by_subject(last_by_subj)
+        elif next_by_subj:
+            seq = stream.next_by_subject(seq, next_by_subj)
+        msg = await self.read(stream, seq) if seq > 0 else None
+        if msg is None:
+            raise errors.no_message_found()
+        return msg
+
+    def select_batch(
+        self, stream: Stream, start_seq: int, batch: int, max_bytes: int, next_by_subj: str
+    ) -> list[int]:
+        """The sequences a batched DIRECT.GET returns, as nats-server picks them.
+
+        Up to ``batch`` live messages from ``start_seq`` (matching ``next_by_subj`` if
+        given); the message that takes the bytes sent (subject + headers + payload) to
+        ``max_bytes`` or beyond is the last one.
+        """
+        filters = (next_by_subj,) if next_by_subj else ()
+        seqs: list[int] = []
+        sent = 0
+        for seq in stream.seqs_matching(start_seq, filters):
+            meta = stream.meta(seq)
+            if meta is None:
+                continue
+            seqs.append(seq)
+            sent += meta.size - 16
+            if len(seqs) >= batch or sent >= max_bytes:
+                break
+        return seqs
+
+    async def read_many(self, stream: Stream, seqs: list[int]) -> list[StoredMessage]:
+        """Live messages among ``seqs`` once durable (see :meth:`read`)."""
+        if not seqs:
+            return []
+        msgs = await self.store.read_many(stream.name, seqs)
+        if len(msgs) < len(seqs) and self._ticks:
+            await self._settled()
+            msgs = await self.store.read_many(stream.name, seqs)
+        return msgs
+
+    async def read_columns(
+        self, stream: Stream, start_seq: int, last_seq: int, limit: int
+    ) -> MessageColumns:
+        """Up to ``limit`` live messages in ``[start_seq, last_seq]`` as columns, in
+        order, once durable (bulk reads).
+
+        Messages still in a commit are not in the store yet: wait for it rather than
+        return a range with holes that are not deletions.
+        """
+        if self._ticks and stream.last_seq >= start_seq:
+            await self._settled()
+        return await self.store.read_columns(stream.name, start_seq, last_seq, limit)
+
+    # -- max_age and per-message TTLs -------------------------------------------------------------
+    def _track_headers(self, stream: Stream, seq: int, ts: int, block: bytes, live: bool) -> None:
+        """Note the ``Nats-TTL`` of message ``seq`` (stored at ``ts``), and whether it
+        is a delete marker; ``live``: just appended (the expiry timer may need to move)."""
+        fields = _header_fields(block)
+        ttl = message_ttl(fields.get(MSG_TTL, b"").decode(errors="replace"))
+        if ttl:
+            self._track_ttl(stream, seq, ts, ttl, MARKER_REASON in fields, live)
+
+    def _track_ttl(
+        self, stream: Stream, seq: int, ts: int, ttl: int, marker: bool, live: bool
+    ) -> None:
+        """Message ``seq`` expires ``ttl`` seconds after ``ts`` (-1: never)."""
+        ttls = stream.ttls
+        if marker:
+            ttls.markers.add(seq)
+        if ttl == -1:
+            ttls.forever.add(seq)
+            return
+        deadline = ts + ttl * NS
+        ttls.add(seq, deadline)
+        if live and (self._expiry_timer is None or deadline < self._expiry_at):
+            self._schedule_expiry()
+
+    def _expire(self, stream: Stream) -> None:
+        gone, markers = stream.expire(self.clock.now())
+        if not gone:
+            return
+        self._delete_seqs(stream, sorted(meta.seq for meta in gone))
+        marker_ttl = stream.config.subject_delete_marker_ttl
+        if not marker_ttl:
+            return
+        # The last message of a subject expired (and was not itself a marker): leave a
+        # marker so that watchers see the subject go, as nats-server does. It is stored
+        # in the commit that deletes the message, so a crash keeps both or neither.
+        headers = marker_headers(marker_ttl)
+        for meta in gone:
+            if meta.seq not in markers and not stream.last_by_subject(meta.subject):
+                self._marker_for = meta.seq
+                try:
+                    self._publish_one(stream, meta.subject, headers, b"", None, None)
+                finally:
+                    self._marker_for = 0
+
+    def _schedule_expiry(self) -> None:
+        nxt = 0
+        age = 0
+        for stream in self.streams.values():
+            due = stream.next_expiry()
+            if due and (not nxt or due < nxt):
+                nxt = due
+            max_age = stream.config.max_age
+            if max_age and (not age or max_age < age):
+                age = max_age
+        if nxt and age:
+            # Publishes only move a pending timer earlier for a TTL: one due later than
+            # a max_age from now (a long TTL) must not hold up what max_age expires.
+            nxt = min(nxt, self.clock.now() + age)
+        if self._expiry_timer is not None:
+            if nxt and nxt >= self._expiry_at:
+                return  # the pending timer fires first and reschedules
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        if nxt:
+            self._expiry_at = nxt
+            delay = max(0.0, (nxt - self.clock.now()) / 1e9)
+            self._expiry_timer = self.clock.call_later(delay, self._on_expiry)
+
+    def _on_expiry(self) -> None:
+        self._expiry_timer = None
+        for stream in list(self.streams.values()):
+            self._expire(stream)
+        self._schedule_expiry()
+
+    def close(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        self.timetable.close()
+        self.batches.close()
+
+    # -- account ---------------------------------------------------------------------------------------
+    def account_usage(self) -> dict[str, Any]:
+        storage = sum(s.state.bytes for s in self.streams.values() if s.config.storage == "file")
+        memory = sum(s.state.bytes for s in self.streams.values() if s.config.storage == "memory")
+        consumers = sum(s.consumer_count for s in self.streams.values())
+        return {
+            "memory": memory,
+            "storage": storage,
+            "streams": len(self.streams),
+            "consumers": consumers,
+        }
+
+
+def _stored_subject(cfg: StreamConfig, subject: str) -> str:
+    """The subject a message is stored under: the stream's input transform applied."""
+    transform = input_transform(cfg)
+    if transform is None:
+        return subject
+    return transform.apply(subject) or subject
+
+
+def _header_fields(block: bytes) -> dict[bytes, bytes]:
+    """``Key: Value`` lines of a header block, first value per key (one pass, not one
+    search per header the publish path looks at)."""
+    out: dict[bytes, bytes] = {}
+    for line in block.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep:
+            out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def _answer(
+    target: Any, stream: str, replies: list[str] | None, result: PubAck | errors.ApiError
+) -> None:
+    """Tell one publisher waiting on ``target`` (a callback, or a sink for ``replies``)."""
+    if target is None:
+        return
+    if replies is None:
+        target(result)
+    elif isinstance(result, errors.ApiError):
+        target.pub_failed(stream, replies, result)
+    else:
+        target.pub_acked(stream, result.seq, replies, result.duplicate)
+
+
+def _with_extras(target: Callable[[Any], None], **extras: Any) -> Callable[[Any], None]:
+    """A publish callback whose PubAck also carries ``extras`` (a batch's id and count,
+    a counter's total); errors and duplicates pass as they are."""
+
+    def answer(result: PubAck | errors.ApiError) -> None:
+        if isinstance(result, PubAck) and not result.duplicate:
+            for key, value in extras.items():
+                setattr(result, key, value)
+        target(result)
+
+    return answer
+
+
+def _uint(raw: bytes) -> int:
+    return int(raw) if raw.isdigit() and len(raw) <= 19 else -1
+
+
+def batches_unsupported(header: str) -> errors.ApiError:
+    return errors.ApiError(400, 10177, f"atomic publish unsupported header used: {header}")
+
+
+def batches_duplicate_id() -> errors.ApiError:
+    return errors.ApiError(400, 10201, "atomic publish batch contains duplicate message id")
+
+
+def batches_wrong_last_sequence() -> errors.ApiError:
+    return errors.ApiError(400, 10164, "wrong last sequence")
+
+
+def _storage_failed(exc: BaseException) -> errors.ApiError:
+    """A failed commit as the publisher sees it: 503 / 10077 with the cause, no path."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return errors.store_failed(f"storage failed: {cause}")

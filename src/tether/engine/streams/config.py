@@ -385,14 +385,14 @@ def check_update(old: StreamConfig, new: StreamConfig) -> None:
     if old.deny_purge and not new.deny_purge:
         raise errors.invalid_stream_config("stream configuration update can not cancel deny purge")
     _check_discard_new_per_subject(new)
+    if old.allow_msg_ttl and not new.allow_msg_ttl:
+        raise errors.invalid_stream_config("message TTL status can not be disabled")
     if old.allow_msg_counter != new.allow_msg_counter:
         raise errors.invalid_stream_config(
             "stream configuration update can not change message counter setting"
         )
     if old.allow_msg_schedules and not new.allow_msg_schedules:
         raise errors.invalid_stream_config("message schedules can not be disabled")
-    if old.allow_msg_ttl and not new.allow_msg_ttl:
-        raise errors.invalid_stream_config("message TTL status can not be disabled")
     if new.sealed:
         new.max_age = 0
         new.discard = "new"

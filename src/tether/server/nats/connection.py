@@ -30,6 +30,8 @@ from tether.server.nats.auth.permissions import (
     Replies,
     UserPermissions,
     publish_violation,
+    reply_violation,
+    reserved_reply,
     subscribe_violation,
 )
 from tether.server.nats.auth.users import Authenticator
@@ -581,6 +583,17 @@ class ClientConnection(asyncio.Protocol):
         self.send_error(publish_violation(subject))
         return False
 
+    def _reply_refused(self, reply: str) -> bool:
+        """A reply subject nats-server reserves: the message is dropped with an -ERR
+        and the connection stays, as for a publish permission."""
+        if not reply or not reserved_reply(reply):
+            return False
+        if self._run_payloads:
+            self._end_run()  # what came before is delivered before the -ERR
+        log.info("client %d: publish with reply %r refused", self.cid, reply)
+        self.send_error(reply_violation(reply))
+        return True
+
     def _track_reply(self, reply: str) -> None:
         """A request delivered with a reply subject: publishable as a response."""
         perms = self._pub_perms
@@ -595,6 +608,10 @@ class ClientConnection(asyncio.Protocol):
                 and perms.pub_cache.get(subject) is not True
                 and not self._may_publish(subject)
             ):
+                self.in_msgs += 1
+                self.in_bytes += len(payload)
+                return
+            if reply and self._reply_refused(reply):
                 self.in_msgs += 1
                 self.in_bytes += len(payload)
                 return
@@ -619,6 +636,8 @@ class ClientConnection(asyncio.Protocol):
         self.in_bytes += len(payload)
         if perms is not None and not self._may_publish(subject):
             return
+        if reply and self._reply_refused(reply):
+            return
         if self.verbose:
             self.write(OK)
         self._publish(self, subject, reply, None, payload)  # the router checks the subject
@@ -626,7 +645,11 @@ class ClientConnection(asyncio.Protocol):
     def on_pub_run(self, subject: str, replies: list[str], payloads: list[bytes]) -> None:
         """Consecutive PUBs to ``subject`` parsed in one go: ``on_pub`` for each."""
         perms = self._pub_perms
-        if not self._runs or (perms is not None and perms.pub_cache.get(subject) is not True):
+        if (
+            not self._runs
+            or (perms is not None and perms.pub_cache.get(subject) is not True)
+            or _any_reserved(replies)
+        ):
             for reply, payload in zip(replies, payloads, strict=True):
                 self.on_pub(subject, reply, payload)
             return
@@ -649,8 +672,10 @@ class ClientConnection(asyncio.Protocol):
         """Consecutive PUBs, each to its own subject (acks), parsed in one go: ``on_pub``
         for each."""
         perms = self._pub_perms
-        if not self._runs or (
-            perms is not None and not all(perms.pub_cache.get(s) is True for s in subjects)
+        if (
+            not self._runs
+            or (perms is not None and not all(perms.pub_cache.get(s) is True for s in subjects))
+            or _any_reserved(replies)
         ):
             for subject, reply, payload in zip(subjects, replies, payloads, strict=True):
                 self.on_pub(subject, reply, payload)
@@ -697,6 +722,8 @@ class ClientConnection(asyncio.Protocol):
         self.in_msgs += 1
         self.in_bytes += len(payload) + len(headers)
         if self._pub_perms is not None and not self._may_publish(subject):
+            return
+        if reply and self._reply_refused(reply):
             return
         if self.verbose:
             self.write(OK)
@@ -794,3 +821,8 @@ class ClientConnection(asyncio.Protocol):
 
     def on_hmsg(self, subject: str, sid: str, reply: str, headers: bytes, payload: bytes) -> None:
         raise ProtocolError(errors.UNKNOWN_OPERATION)  # the server-side parser never calls it
+
+
+def _any_reserved(replies: list[str]) -> bool:
+    # Most runs carry no reply at all: ``any`` over the strings answers that in C.
+    return any(replies) and any(map(reserved_reply, filter(None, replies)))

@@ -53,6 +53,19 @@ def publish_violation(subject: str) -> str:
     return f"Permissions Violation for Publish to {go_quote(subject)}"
 
 
+# Reply prefixes nats-server keeps for itself (JetStream acks, service imports, gateway
+# replies): a client may not use them as the reply of what it publishes.
+_RESERVED_REPLIES = ("$JS.ACK.", "_R_.", "_GR_.")
+
+
+def reserved_reply(reply: str) -> bool:
+    return reply.startswith(_RESERVED_REPLIES)
+
+
+def reply_violation(reply: str) -> str:
+    return f"Permissions Violation for Publish with Reply of {go_quote(reply)}"
+
+
 def subscribe_violation(subject: str, queue: str) -> str:
     text = f"Permissions Violation for Subscription to {go_quote(subject)}"
     if queue:
