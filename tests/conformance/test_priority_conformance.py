@@ -323,6 +323,15 @@ async def config_fields(s: Session) -> None:
         }
         await s.req(f"{API}.CONSUMER.CREATE.F.PED", body)
         await s.req(f"{API}.CONSUMER.DELETE.F.PED", keep=False)
+    # A direct consumer (push, ephemeral) is not listed.
+    await s.stream("D", subjects=["d.>"])
+    await s.req(
+        f"{API}.CONSUMER.CREATE.D.DX",
+        {"stream_name": "D", "config": {"name": "DX", "direct": True, "deliver_subject": "dx.in"}},
+    )
+    await s.consumer("D", "VISIBLE")
+    await s.req(f"{API}.CONSUMER.NAMES.D")
+    await s.req(f"{API}.CONSUMER.INFO.D.DX")
     # Not pedantic: the same values are adjusted.
     await s.consumer("F", "LAX", max_deliver=-5, max_batch=-1, priority_timeout=-1)
     # Sampled acks are reported on $JS.EVENT.METRIC.

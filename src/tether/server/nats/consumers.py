@@ -285,7 +285,8 @@ class ConsumerApi:
         if len(args) != 1 or not args[0]:
             raise NoReply
         offset = requests.decode_request(p, ConsumersRequest).offset
-        consumers = self.registry.consumers_of(args[0])
+        # ``direct`` consumers (a mirror's or source's) are left out, as nats-server does.
+        consumers = [c for c in self.registry.consumers_of(args[0]) if not c.config.direct]
         return consumers, max(0, min(offset, len(consumers)))
 
     async def _names(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
