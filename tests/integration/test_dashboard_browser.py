@@ -252,6 +252,24 @@ async def test_dead_jobs_page(server: RunningServer, browser: Any) -> None:
     assert not page.js_errors
 
 
+async def test_nsq_and_connections_pages(server: RunningServer, browser: Any) -> None:
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        assert (await http.post("/pub?topic=clicks", content=b"one")).is_success
+        r = await http.post("/channel/create?topic=clicks&channel=archive")
+        assert r.is_success, r.text
+    nc = await nats.connect(server.url, name="dashboard-test")
+    try:
+        page = await _page(browser, server.http_url + "/ui/#/nsq")
+        await page.get_by_text("Topic clicks").wait_for()
+        assert "archive" in await page.locator("table").first.inner_text()
+        await page.goto(server.http_url + "/ui/#/connections")
+        await page.get_by_text("dashboard-test").wait_for()
+        await _shot(page, "dashboard-connections")
+        assert not page.js_errors
+    finally:
+        await nc.close()
+
+
 async def test_read_only_mode_refuses_actions(browser: Any) -> None:
     with run_server(args=["--config", str(_config("ui_read_only = true"))]) as srv:
         nc = await nats.connect(srv.url)

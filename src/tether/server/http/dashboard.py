@@ -42,6 +42,7 @@ from tether.engine.broker import Broker
 from tether.engine.consumers import Consumer, ConsumerRegistry
 from tether.engine.jobs import WebhookService
 from tether.engine.jobs.view import DEAD, INFLIGHT, QUEUED, owned_by_http
+from tether.engine.subjects import is_valid_filter
 from tether.protocol.numbers import parse_uint
 from tether.server.banner import store_location
 from tether.server.config import ServerConfig
@@ -57,6 +58,7 @@ CSRF_HEADER = "x-tether-csrf"
 PAGE_LIMIT = 100
 PREVIEW_BYTES = 64 * 1024
 NS = 1_000_000_000
+ACTIONS = ("requeue", "delete")
 
 _encode = msgspec.json.Encoder()
 
@@ -399,8 +401,12 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
         limit = parse_uint(q.get("limit", "")) or 25
         limit = min(limit, PAGE_LIMIT)
         subject = q.get("subject", "")
+        if subject and not is_valid_filter(subject):
+            return _error(400, f"not a subject filter: {subject!r}")
         filters = (subject,) if subject else ()
         start = parse_uint(q.get("start", "")) if q.get("start") else None
+        if q.get("start") and start is None:
+            return _error(400, "start: expected a stream sequence")
         if start is None:
             # The newest page: the last ``limit`` matches, oldest first.
             seqs = list(target.seqs_matching(target.state.first_seq, filters))[-limit:]
@@ -464,6 +470,8 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
     async def dead_action(request: Request) -> Response:
         """Requeue or remove one dead letter (``{"seq": N}``) or all (``{}``), as
         ``$TETHER.API.CONSUMER.DEAD.REQUEUE|DELETE`` does."""
+        if request.path_params["action"] not in ACTIONS:
+            return _error(404, "expected …/dead/requeue or …/dead/delete")
         refused = gate.check_post(request)
         if refused is not None:
             return refused
@@ -526,6 +534,8 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
         """Requeue or delete one dead job (``{"job": "<id>"}``) or all (``{}``): the
         job views' calls behind ``…/requeue-dead-job``, ``DELETE …/job/{id}`` and
         ``…/dlq``, answered once stored."""
+        if request.path_params["action"] not in ACTIONS:
+            return _error(404, "expected …/dead/requeue or …/dead/delete")
         refused = gate.check_post(request)
         if refused is not None:
             return refused
@@ -538,7 +548,7 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
             return _error(404, "no such consumer")
         try:
             body = msgspec.json.decode(await request.body() or b"{}", type=dict[str, str])
-        except msgspec.ValidationError:
+        except msgspec.DecodeError:  # malformed JSON, or not a map of strings
             return _error(400, 'expected {"job": "<id>"} or {}')
         view = service.jobs(k)
         requeue = request.path_params["action"] == "requeue"

@@ -103,6 +103,108 @@ def _json_body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
     return {"required": required, "content": {"application/json": {"schema": schema}}}
 
 
+_OBJECT: dict[str, Any] = {"type": "object"}
+_JSON_ERROR = {"application/json": {"schema": {"type": "object"}}}
+
+
+def _ui_responses(*errors: int) -> dict[str, Any]:
+    """The dashboard's answers: JSON, errors as ``{"error": "..."}``."""
+    out: dict[str, Any] = {
+        "200": {"description": "success", "content": {"application/json": {"schema": _OBJECT}}}
+    }
+    for code in errors:
+        out[str(code)] = {"description": "error", "content": _JSON_ERROR}
+    return out
+
+
+def _dashboard_paths() -> dict[str, Any]:
+    """``/ui/api/``: what the dashboard reads and the actions it takes (docs/operations.md).
+    Actions need the ``X-Tether-CSRF`` token of ``/ui/api/session`` and, when
+    ``http_admin_password`` is set, its Basic credentials."""
+    stream = _param("stream")
+    consumer = _param("consumer")
+    action = _param("action", schema={"type": "string", "enum": ["requeue", "delete"]})
+    csrf = _header("X-Tether-CSRF", required=True)
+    basic = _header("Authorization")
+    seq_body = _json_body(
+        {"type": "object", "properties": {"seq": {"type": "integer", "minimum": 1}}},
+        required=False,
+    )
+    job_body = _json_body(
+        {"type": "object", "properties": {"job": {"type": "string"}}}, required=False
+    )
+    base = "/ui/api/streams/{stream}/consumers/{consumer}"
+    return {
+        "/ui/api/session": {
+            "get": _op(
+                "The dashboard's session: CSRF token, whether the caller may act",
+                _ui_responses(401),
+                [basic],
+            )
+        },
+        "/ui/api/login": {
+            "post": _op(
+                "Check the admin's Basic credentials", _ui_responses(401, 403), [csrf, basic]
+            )
+        },
+        "/ui/api/overview": {
+            "get": _op("Server, store, connections and totals", _ui_responses(401), [basic])
+        },
+        "/ui/api/streams": {
+            "get": _op("Every stream with its state, lag and dead letters", _ui_responses(401, 503))
+        },
+        "/ui/api/streams/{stream}": {
+            "get": _op(
+                "A stream: state, configuration and consumers",
+                _ui_responses(401, 404, 503),
+                [stream],
+            )
+        },
+        "/ui/api/streams/{stream}/messages": {
+            "get": _op(
+                "A page of a stream's messages (the newest unless start is given)",
+                _ui_responses(400, 401, 404, 503),
+                [
+                    stream,
+                    _param("start", "query", {"type": "integer", "minimum": 1}, required=False),
+                    _param("subject", "query", required=False),
+                    _param("limit", "query", {"type": "integer", "minimum": 1}, required=False),
+                    basic,
+                ],
+            )
+        },
+        base: {
+            "get": _op(
+                "A consumer: lag, ack pending, redelivered, dead letters",
+                _ui_responses(401, 404, 503),
+                [stream, consumer],
+            )
+        },
+        base + "/dead/{action}": {
+            "post": _op(
+                "Requeue or remove one dead letter ({seq}) or all ({})",
+                _ui_responses(400, 401, 403, 404, 503),
+                [stream, consumer, action, csrf, basic],
+                seq_body,
+            )
+        },
+        "/ui/api/jobs": {
+            "get": _op(
+                "webhook-broker channels, consumers, job counts and dead jobs",
+                _ui_responses(401, 503),
+            )
+        },
+        "/ui/api/jobs/{channel}/{consumer}/dead/{action}": {
+            "post": _op(
+                "Requeue or delete one dead job ({job}) or all ({})",
+                _ui_responses(400, 401, 403, 404, 503),
+                [_param("channel"), consumer, action, csrf, basic],
+                job_body,
+            )
+        },
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     ch = _param("channelId", schema=_ID)
     co = _param("consumerId", schema=_ID)
@@ -375,6 +477,7 @@ def openapi_document() -> dict[str, Any]:
             )
         },
         "/openapi.json": {"get": _op("This document", _responses(200, {"type": "object"}))},
+        **_dashboard_paths(),
     }
     return {
         "openapi": "3.0.3",
