@@ -24,6 +24,7 @@ deadline; everything runs on 127.0.0.1 in temporary directories removed afterwar
     .venv/bin/python benchmarks/pull_consume.py                   # 50k nats-py, 200k raw
     .venv/bin/python benchmarks/pull_consume.py --quick           # 20k nats-py, 50k raw
     .venv/bin/python benchmarks/pull_consume.py --store sqlite    # Tether on SQLite
+    .venv/bin/python benchmarks/pull_consume.py --store postgres  # on a local PostgreSQL
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (  # after the sys.path tweak above
+import _postgres  # after the sys.path tweak above
+from _harness import (
     BenchError,
     Cli,
     FrameReader,
@@ -292,7 +294,11 @@ def measure(srv: ServerProcess, load: str, n: int, opts: dict[str, Any]) -> dict
 def run_server(name: str, opts: dict[str, Any]) -> list[dict[str, Any]]:
     results = []
     try:
-        with start_server(name, opts, store=opts["store"], jetstream=True) as srv:
+        store = opts["store"]
+        if _postgres.is_postgres(store):
+            store = _postgres.resolve(store)
+            _postgres.reset(store)
+        with start_server(name, opts, store=store, jetstream=True) as srv:
             asyncio.run(setup(srv.url, opts["max_ack_pending"]))
             prepublish(srv.port, opts["stored"], opts["stall"], opts["timeout"])
             for load, n in (("nats-py", opts["natspy"]), ("raw", opts["raw"])):
@@ -341,13 +347,20 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.parser
     p.add_argument("--natspy-messages", type=int, default=50_000, help="nats-py load (50k)")
     p.add_argument("--raw-messages", type=int, default=200_000, help="raw load (200k)")
-    p.add_argument("--store", choices=["memory", "sqlite"], default="memory")
+    p.add_argument(
+        "--store",
+        default="memory",
+        help="Tether's store: memory, sqlite, postgres (a throwaway local PostgreSQL) or"
+        " postgresql://USER:PASS@HOST/DB (its tether_* tables are dropped)",
+    )
     p.add_argument("--fetch", type=int, default=500, help="nats-py fetch size (500)")
     p.add_argument("--batch", type=int, default=1000, help="raw: batch per request (1000)")
     p.add_argument("--depth", type=int, default=2, help="raw: requests outstanding (2)")
     p.add_argument("--expires", type=float, default=5.0, help="raw: request expiry (s)")
     p.add_argument("--max-ack-pending", type=int, default=10_000, help="raw consumer (10k)")
     args = cli.parse(argv)
+    if args.store not in ("memory", "sqlite") and not _postgres.is_postgres(args.store):
+        p.error("--store: expected memory, sqlite, postgres or postgresql://…")
     opts: dict[str, Any] = {
         "natspy": args.natspy_messages,
         "raw": args.raw_messages,

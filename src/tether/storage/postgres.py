@@ -289,13 +289,16 @@ class _Writer:
 
     def setup(self) -> None:
         conn = self.connection
-        psycopg = require_psycopg()
+        pg = require_psycopg()
         try:
             migrate(conn)
-        except psycopg.Error as exc:
-            raise StorageError(
-                f"cannot create Tether's tables in {redact(self.url)}: {exc}"
-            ) from exc
+        except BaseException as exc:
+            self._drop()  # no teardown follows a failed setup
+            if isinstance(exc, pg.Error):
+                raise StorageError(
+                    f"cannot create Tether's tables in {redact(self.url)}: {exc}"
+                ) from exc
+            raise
 
     def teardown(self) -> None:
         conn, self._conn = self._conn, None
