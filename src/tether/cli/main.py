@@ -121,7 +121,10 @@ def serve(
     ] = None,
     store: Annotated[
         str | None,
-        typer.Option(help="Storage: sqlite:DIR (default sqlite:./tether-data) or memory."),
+        typer.Option(
+            help="Storage: sqlite:DIR (default sqlite:./tether-data), memory, or"
+            " postgresql://USER:PASS@HOST/DB (pip install 'tether[postgres]')."
+        ),
     ] = None,
     store_dir: Annotated[
         str | None, typer.Option(help="Same as --store sqlite:DIR (nats-server's -sd).")
