@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 _LISTEN = re.compile(rb"Listening for client connections on (\S+):(\d+)")
-_HTTP = re.compile(rb"Starting http monitor on (\S+):(\d+)")
+_HTTP = re.compile(rb"Starting https? monitor on (\S+):(\d+)")
 _NSQ = re.compile(rb"Listening for NSQ clients on (\S+):(\d+)")
 _READY = b"Server is ready"
 
@@ -250,6 +250,7 @@ class NatsServerProcess:
         self.dir = tempfile.mkdtemp(prefix="nats-server-")
         self.host = host
         self.port = 0
+        self.http_port = 0  # when the arguments or config ask for a monitoring port
         command = [binary, "-a", self.host, "-p", "-1", *args]
         if jetstream:
             command += ["-js", "-sd", self.dir]
@@ -282,6 +283,8 @@ class NatsServerProcess:
             self._stderr.append(line)
             if m := _LISTEN.search(line):
                 self.port = int(m.group(2))
+            elif m := _HTTP.search(line):
+                self.http_port = int(m.group(2))
             elif _READY in line:
                 ready.set()
         ready.set()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import nats
 import pytest
 import trustme
@@ -70,6 +71,17 @@ def _serve(kind: str, conf: str) -> Iterator[int]:
     else:
         with run_nats_server(["-c", conf], jetstream=False) as ns:
             yield ns.port
+
+
+@contextmanager
+def _serve_monitor(kind: str, conf: str) -> Iterator[int]:
+    """The server of ``conf``; yields its monitoring port."""
+    if kind == "tether":
+        with run_server(store="memory", args=["-c", conf]) as srv:
+            yield srv.http_port
+    else:
+        with run_nats_server(["-c", conf], jetstream=False) as ns:
+            yield ns.http_port
 
 
 def _client_ctx(ca: trustme.CA, client_pem: str | None = None) -> ssl.SSLContext:
@@ -223,3 +235,29 @@ async def test_tls_verify_and_map(
                 max_reconnect_attempts=0,
                 connect_timeout=2,
             )
+
+
+async def test_https_monitoring_port(
+    kind: str, ca: trustme.CA, certs: dict[str, str], tmp_path: Path
+) -> None:
+    """``https`` serves the monitoring endpoints over TLS with the ``tls`` block's
+    certificate, and /varz names the port ``https_port``."""
+    conf = _conf(tmp_path, certs, tail="https: -1\n")
+    with _serve_monitor(kind, conf) as http_port:
+        assert http_port
+        async with httpx.AsyncClient(verify=_client_ctx(ca)) as http:
+            varz = (await http.get(f"https://localhost:{http_port}/varz")).json()
+            healthz = await http.get(f"https://localhost:{http_port}/healthz")
+        assert healthz.status_code == 200
+        # nats-server repeats the configured -1; Tether names the port it took.
+        assert varz["https_port"] == (http_port if kind == "tether" else -1)
+        assert varz["http_port"] == 0
+        assert varz["tls_required"] is True
+        # Plain HTTP gets no answer it could take for monitoring data.
+        async with httpx.AsyncClient() as http:
+            try:
+                plain = await http.get(f"http://127.0.0.1:{http_port}/varz")
+            except httpx.HTTPError:
+                pass
+            else:
+                assert plain.status_code == 400

@@ -142,7 +142,8 @@ class Tether:
         self.http = HttpListener(front, cfg.host, cfg.http_port, self._http_limits(), https)
         await self.http.start()
         self.http_port = self.http.port
-        log.info("Starting http monitor on %s", show(cfg.host, self.http_port))
+        scheme = "https" if https is not None else "http"
+        log.info("Starting %s monitor on %s", scheme, show(cfg.host, self.http_port))
 
     async def _become_active(self, stopping: asyncio.Event | None) -> bool:
         """Over PostgreSQL: wait as a standby (HTTP answering /healthz and /readyz, no

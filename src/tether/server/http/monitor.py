@@ -166,9 +166,10 @@ def routes(app: Monitored) -> list[Route]:
             "ping_interval": int(cfg.ping_interval * NS),
             "ping_max": cfg.max_pings_out,
             "http_host": cfg.host,
-            "http_port": app.http_port,
+            # nats-server reports its monitor port under one name or the other.
+            "http_port": 0 if cfg.http_tls else app.http_port,
             "http_base_path": "",
-            "https_port": 0,
+            "https_port": app.http_port if cfg.http_tls else 0,
             "auth_timeout": cfg.auth_timeout,
             "max_control_line": cfg.max_control_line,
             "max_payload": cfg.max_payload,
@@ -179,7 +180,7 @@ def routes(app: Monitored) -> list[Route]:
             "mqtt": {},
             "websocket": {},
             "jetstream": _varz_jetstream(app) if nats.jetstream else {},
-            "tls_timeout": 2,
+            "tls_timeout": cfg.tls_timeout,
             "write_deadline": int(cfg.write_deadline * NS),
             "start": _rfc3339(started),
             "now": _rfc3339(time.time()),
@@ -215,6 +216,10 @@ def routes(app: Monitored) -> list[Route]:
         }
         if cfg.auth_required:
             body["auth_required"] = True
+        if cfg.tls:
+            body["tls_required"] = True
+            if cfg.tls_verify or cfg.tls_verify_and_map:
+                body["tls_verify"] = True
         # Anything the NATS front door counts besides (e.g. outbound buffering).
         for key, value in stats.items():
             body.setdefault(key, value)
