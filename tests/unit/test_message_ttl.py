@@ -354,3 +354,18 @@ async def test_republish_goes_out_after_the_commit(broker: Broker) -> None:
     broker.publish_many(stream, "s.c", [b"4", b"5"], ["", ""], None)
     await broker.store.flush()
     assert [(s, p) for s, _, p in sent[3:]] == [("o.c", b"4"), ("o.c", b"5")]
+
+
+async def test_a_long_ttl_does_not_hold_up_a_new_streams_max_age(
+    broker: Broker, clock: FakeClock
+) -> None:
+    await broker.create_stream("T", body(name="T", subjects=["t.>"], allow_msg_ttl=True))
+    pub = Publisher(broker)
+    pub("T", "t.a", Nats_TTL="1h")  # the expiry timer is now an hour away
+    await pub.settle()
+    await broker.create_stream("A", body(name="A", subjects=["a.>"], max_age=NS))
+    pub("A", "a.x")
+    await pub.settle()
+    clock.advance(1.5)
+    assert live(broker, "A") == []
+    assert live(broker, "T") == [1]

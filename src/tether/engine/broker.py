@@ -307,6 +307,9 @@ class Broker:
             raise
         log.debug("stream %s created (subjects %s)", stream.name, ", ".join(config.subjects))
         self._notify_changed(stream)
+        if config.max_age:
+            # A timer pending for a long TTL must not hold up this stream's max_age.
+            self._schedule_expiry()
         return stream, True
 
     async def update_stream(self, name: str, body: bytes) -> Stream:
