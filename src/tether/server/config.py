@@ -202,6 +202,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     nsq_deflate: bool = True  # offer deflate compression in IDENTIFY
     nsq_max_deflate_level: int = 6
     nsq_snappy: bool = True  # offer snappy compression in IDENTIFY
+    # TLS for NSQ clients asking tls_v1 in IDENTIFY (server/nsq/tls.py); default tls_cert/key
+    nsq_tls_cert: str | None = None
+    nsq_tls_key: str | None = None
+    nsq_tls_required: bool = False  # nothing but IDENTIFY before the client upgrades
+    nsq_tls_client_auth_policy: str = ""  # "require-verify": a client cert signed by tls_ca
     # nsqd's and nsqlookupd's HTTP APIs are served on http_port (docs/nsq.md)
     nsq_broadcast_address: str = ""  # announced to clients; default: host, else the host name
     # Other nodes' HOST:HTTPPORT: /lookup, /topics, /nodes list their producers too
@@ -353,6 +358,19 @@ def _check_tls(cfg: ServerConfig, source: Callable[[str], str]) -> None:
             raise ValueError("TLS Server certificate must be present and valid")
         if not cfg.tls_key:
             raise ValueError("TLS Server private key must be present and valid")
+    if bool(cfg.nsq_tls_cert) != bool(cfg.nsq_tls_key):
+        raise ValueError("nsq_tls_cert and nsq_tls_key go together")
+    nsq_cert = (cfg.nsq_tls_cert and cfg.nsq_tls_key) or (cfg.tls_cert and cfg.tls_key)
+    if cfg.nsq_tls_required and not nsq_cert:
+        raise ValueError(
+            f"{source('nsq_tls_required')}: needs nsq_tls_cert and nsq_tls_key "
+            "(or tls_cert and tls_key)"
+        )
+    if cfg.nsq_tls_client_auth_policy not in ("", "require-verify"):
+        raise ValueError(
+            f"{source('nsq_tls_client_auth_policy')}: expected \"require-verify\" or \"\" "
+            "(nsqd's \"require\", a certificate nobody checks, is not offered)"
+        )
     if not -1 <= cfg.ws_port <= 65535:
         raise ValueError(f"{source('ws_port')}: not a port: expected {PORT_RANGE}")
     if cfg.ws_port:

@@ -25,6 +25,7 @@ import contextlib
 import hmac
 import logging
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Coroutine
@@ -54,6 +55,7 @@ from tether.protocol.nsq.parser import Limits, Parsed, Parser
 from tether.server.config import ServerConfig
 from tether.server.nsq import identify
 from tether.server.nsq.compression import Codec, CompressionError, Deflate, Snappy
+from tether.server.nsq.tls import HANDSHAKE_TIMEOUT, TlsError, TlsLayer
 from tether.storage.base import MessageMeta, StoredMessage
 
 log = logging.getLogger("tether.nsq")
@@ -88,6 +90,7 @@ class ConnectionHost(Protocol):
     limits: identify.ServerLimits
     parser_limits: Limits
     slow_consumers: int
+    tls_context: ssl.SSLContext | None  # offered to clients asking tls_v1
 
     def admit(self, conn: NsqConnection) -> bool: ...
     def remove(self, conn: NsqConnection) -> None: ...
@@ -115,6 +118,9 @@ class NsqConnection(asyncio.Protocol):
         self.pub_counts: dict[str, int] = {}
         self._loop = asyncio.get_running_loop()
         self._codec: Codec | None = None
+        self._tls: TlsLayer | None = None
+        # nsq_tls_required: every command but IDENTIFY is refused until TLS is up.
+        self._plain_refused = server.config.nsq_tls_required and server.tls_context is not None
         self._out: list[bytes] = []
         self._out_size = 0
         self._flush_handle: asyncio.Handle | None = None
@@ -146,6 +152,7 @@ class NsqConnection(asyncio.Protocol):
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote = (str(peer[0]), int(peer[1]))
         self.settings.client_id = self.settings.hostname = self.remote[0]
+        log.debug("nsq client %d: connected from %s:%d", self.cid, *self.remote)
         if not self.server.admit(self):
             self.transport.abort()
             return
@@ -155,13 +162,11 @@ class NsqConnection(asyncio.Protocol):
         if self.closing or self._fatal_slot >= 0:
             return
         self.last_read = time.monotonic()
-        if self._codec is not None:
-            try:
-                data = self._codec.decompress(data)
-            except CompressionError as exc:
-                log.debug("nsq client %d: %s", self.cid, exc)
-                self._abort()
+        if self._tls is not None or self._codec is not None:
+            plain = self._unwrap(data)
+            if not plain:
                 return
+            data = plain
         try:
             parsed = self.parser.feed(data)
             if self._waiting:
@@ -172,11 +177,37 @@ class NsqConnection(asyncio.Protocol):
             log.exception("nsq client %d: internal error while handling input", self.cid)
             self._fail(NsqError(errors.E_INVALID, b"internal error"))
 
+    def _unwrap(self, data: bytes) -> bytes:
+        """Bytes read → protocol bytes: out of TLS, then decompressed (b"" on failure)."""
+        if self._tls is not None:
+            try:
+                data, reply = self._tls.receive(data)
+            except TlsError as exc:
+                log.info("nsq client %d: TLS error: %s", self.cid, exc)
+                self._abort()
+                return b""
+            if reply and self.transport is not None:
+                self.transport.write(reply)
+            if self._tls.closed:
+                self._close()
+                return b""
+            if self._tls.established and self._out and self._flush_handle is None:
+                self._flush_handle = self._loop.call_soon(self._flush)
+        if self._codec is not None and data:
+            try:
+                data = self._codec.decompress(data)
+            except CompressionError as exc:
+                log.debug("nsq client %d: %s", self.cid, exc)
+                self._abort()
+                return b""
+        return data
+
     def eof_received(self) -> bool | None:
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        log.debug("nsq client %d: disconnected%s", self.cid, f" ({exc})" if exc else "")
         for timer in (self._heartbeat, self._deadline, self._flush_handle):
             if timer is not None:
                 timer.cancel()
@@ -200,6 +231,8 @@ class NsqConnection(asyncio.Protocol):
             i += 1
             try:
                 kind = type(cmd)
+                if self._plain_refused:
+                    self._refuse_plain(cmd)
                 if kind is PubRun:
                     self.PUB(cast(PubRun, cmd))
                 elif kind is FinRun:
@@ -231,6 +264,18 @@ class NsqConnection(asyncio.Protocol):
             if self._waiting:
                 self._held.extend(parsed[i:])
                 return
+
+    def _refuse_plain(self, cmd: Parsed) -> None:
+        """nsqd's TLS policy: only IDENTIFY before the upgrade."""
+        if isinstance(cmd, Command):
+            if cmd.verb == b"IDENTIFY":
+                return
+            verb = cmd.verb.decode(errors="replace")
+        elif isinstance(cmd, Failure):
+            return
+        else:
+            verb = {PubRun: "PUB", FinRun: "FIN", MPub: "MPUB", DPub: "DPUB"}[type(cmd)]
+        raise _invalid(f"cannot {verb} in current state (TLS required)")
 
     def _wait_for(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` before any later command."""
@@ -326,6 +371,15 @@ class NsqConnection(asyncio.Protocol):
         self._out_size = 0
         if self._codec is not None:
             data = self._codec.compress(data)
+        if self._tls is not None:
+            try:
+                data = self._tls.send(data)
+            except TlsError as exc:
+                log.info("nsq client %d: TLS error: %s", self.cid, exc)
+                self._abort()
+                return
+            if not data:
+                return
         transport.write(data)
         if transport.get_write_buffer_size() > self._max_pending:
             self._slow_consumer()
@@ -354,6 +408,9 @@ class NsqConnection(asyncio.Protocol):
             self._flush_handle.cancel()
         self._flush()
         self.closing = True
+        if self._tls is not None:
+            with contextlib.suppress(TlsError):
+                transport.write(self._tls.close())
         transport.close()
         if transport.get_write_buffer_size():
             self._loop.call_later(self.server.config.write_deadline, transport.abort)
@@ -462,35 +519,51 @@ class NsqConnection(asyncio.Protocol):
         self._arm_timers()
         if not data.feature_negotiation:
             self._respond(OK)
-            self._resume_parsing(None)
+            self._resume_parsing()
             return
         if self._codec is not None:  # already compressed: nothing more to switch on
             data.deflate = data.snappy = False
+        context = self.server.tls_context
+        tls = data.tls_v1 and context is not None and self._tls is None
         try:
-            answer, codec = identify.negotiate(self.settings, data, limits)
+            answer, codec = identify.negotiate(self.settings, data, limits, tls=tls)
         except identify.NegotiationError as exc:
             raise NsqError(errors.E_IDENTIFY_FAILED, str(exc).encode()) from None
         self._respond(response(answer))
-        if not codec:
-            self._resume_parsing(None)
+        if not codec and not tls:
+            self._resume_parsing()
             return
-        # The answer goes out as is; everything after it, both ways, is compressed.
+        # The answer goes out as is. Then, as nsqd: TLS, with an OK as its first frame;
+        # compression (inside TLS when both), with an OK as its first frame.
         self.flush_now()
-        new: Codec = Deflate(self.settings.deflate_level) if codec == "deflate" else Snappy()
-        self._codec = new
-        self._respond(OK)
-        self._resume_parsing(new)
+        if tls and context is not None:
+            self._start_tls(context)
+            self._respond(OK)
+            self.flush_now()  # this OK is not compressed
+        if codec:
+            new: Codec = Deflate(self.settings.deflate_level) if codec == "deflate" else Snappy()
+            self._codec = new
+            self._respond(OK)
+        self._resume_parsing()
 
-    def _resume_parsing(self, codec: Codec | None) -> None:
+    def _start_tls(self, context: ssl.SSLContext) -> None:
+        self._tls = TlsLayer(context)
+        self._plain_refused = False
+        self._loop.call_later(HANDSHAKE_TIMEOUT, self._check_handshake)
+
+    def _check_handshake(self) -> None:
+        if self._tls is not None and not self._tls.established and not self.closing:
+            log.info("nsq client %d: TLS handshake timed out", self.cid)
+            self._abort()
+
+    def _resume_parsing(self) -> None:
         """Parse what followed the IDENTIFY in the same read (the parser stops there)."""
         rest = self.parser.rest()
         if not rest:
             return
-        if codec is not None:
-            try:
-                rest = codec.decompress(rest)
-            except CompressionError:
-                self._abort()
+        if self._tls is not None or self._codec is not None:
+            rest = self._unwrap(rest)
+            if not rest:
                 return
         parsed = self.parser.feed(rest)
         if self._waiting:

@@ -6,7 +6,8 @@ Settings an NSQ client may change, and their ranges (all milliseconds but sizes)
 -1, or 64..max_output_buffer_size; ``output_buffer_timeout`` -1 or
 25..max_output_buffer_timeout; ``sample_rate`` 0..99; ``msg_timeout`` 1000..max_msg_timeout;
 0 keeps the default everywhere. Unknown keys are ignored (clients send ``short_id`` and
-``long_id``). TLS is not offered: ``tls_v1`` is always answered false.
+``long_id``). ``tls_v1`` is answered true when the server has a certificate for NSQ
+clients (see :mod:`tether.server.nsq.tls`).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def apply(settings: ClientSettings, data: IdentifyData, limits: ServerLimits) ->
 
 
 def negotiate(
-    settings: ClientSettings, data: IdentifyData, limits: ServerLimits
+    settings: ClientSettings, data: IdentifyData, limits: ServerLimits, *, tls: bool = False
 ) -> tuple[bytes, str]:
     """The JSON answer (nsqd's keys, in its order) and the compression to switch to
     (``"deflate"``, ``"snappy"`` or ``""``). Raises IdentifyError for both at once."""
@@ -155,7 +156,7 @@ def negotiate(
         "version": NSQD_VERSION,
         "max_msg_timeout": limits.max_msg_timeout_ms,
         "msg_timeout": settings.msg_timeout_ms,
-        "tls_v1": False,
+        "tls_v1": tls,
         "deflate": deflate,
         "deflate_level": level,
         "max_deflate_level": limits.max_deflate_level,

@@ -13,6 +13,7 @@ from tether.protocol.nsq.parser import Limits
 from tether.server.config import ServerConfig
 from tether.server.nsq.connection import NsqConnection
 from tether.server.nsq.identify import ServerLimits
+from tether.server.nsq.tls import nsq_tls
 
 log = logging.getLogger("tether.nsq")
 
@@ -56,6 +57,7 @@ class NsqServer:
             max_body_size=config.nsq_max_body_size,
             max_req_timeout_ms=_ms(config.nsq_max_req_timeout),
         )
+        self.tls_context = nsq_tls(config)
         self.connections: dict[int, NsqConnection] = {}
         self.total_connections = 0
         self.slow_consumers = 0
