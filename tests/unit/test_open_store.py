@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,10 @@ def test_building_a_store_touches_no_disk(tmp_path: Path) -> None:
     "url", ["", "mem", "memory:", "sqlite", "sqlite:", "sqlite://", "file:/x", "/var/lib/tether"]
 )
 def test_malformed_urls_list_the_valid_forms(url: str) -> None:
-    with pytest.raises(ValueError, match=r"'memory', 'sqlite:DIR' or 'sqlite://DIR'"):
+    with pytest.raises(
+        ValueError,
+        match=r"'memory', 'sqlite:DIR', 'sqlite://DIR' or 'postgresql://USER:PASS@HOST/DB'",
+    ):
         open_store(url)
 
 
@@ -60,9 +64,19 @@ def test_unknown_sync_mode() -> None:
 
 
 @pytest.mark.parametrize("url", ["postgres://localhost/tether", "postgresql://u@h/db"])
-def test_postgres_is_not_available_yet(url: str) -> None:
-    with pytest.raises(StorageError, match="postgres backend is not available"):
-        open_store(url)
+def test_postgres_urls_build_the_postgres_store(url: str) -> None:
+    from tether.storage.postgres import PostgresStore
+
+    store = open_store(url)  # built, not opened: no server needed
+    assert isinstance(store, PostgresStore) and store.url == url
+
+
+def test_the_postgres_store_without_psycopg_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(StorageError, match=r"tether\[postgres\]"):
+        open_store("postgresql://u@h/db")
 
 
 def test_backends_are_imported_lazily() -> None:
