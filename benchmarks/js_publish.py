@@ -33,6 +33,7 @@ directories that are removed afterwards.
     .venv/bin/python benchmarks/js_publish.py            # 200k raw, 50k nats-py, 200k read
     .venv/bin/python benchmarks/js_publish.py --quick    # 50k raw, 20k nats-py, 50k read
     .venv/bin/python benchmarks/js_publish.py --repeat 3 # median and best of 3 runs
+    .venv/bin/python benchmarks/js_publish.py --load raw --atomic-batch 100  # atomic batches
     .venv/bin/python benchmarks/js_publish.py --store postgres   # and Tether on PostgreSQL
     .venv/bin/python benchmarks/js_publish.py --server tether --load raw \\
         --tether-wrapper ".venv/bin/py-spy record -r 200 -f raw -o /tmp/t.txt --"
@@ -90,6 +91,8 @@ TARGETS = {
 # Tether on PostgreSQL: acked publishes per second, whatever the peers do.
 POSTGRES_TARGET = 30_000
 CONNECT = connect_frame("js_publish")
+# Atomic batches (--atomic-batch): messages/s in batches / raw acked publishes/s, Tether.
+ATOMIC_TARGET = 0.5
 
 
 # -- frame parsing -----------------------------------------------------------------------------
@@ -230,6 +233,70 @@ def raw_publish(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
     return res
 
 
+def raw_atomic(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
+    """Atomic batches of ``--atomic-batch`` messages (ADR-50) on a raw socket: every
+    message carries ``Nats-Batch-Id``/``-Sequence``, only the last one (with
+    ``Nats-Batch-Commit: 1``) asks for a PubAck. At most ``window`` messages and 40
+    batches (nats-server refuses a 51st per stream) wait for their commit. Rate =
+    messages in acknowledged batches / (first send -> last PubAck)."""
+    res = Result("atomic", "", n)
+    size, per, stall = opts["size"], opts["atomic_batch"], opts["stall"]
+    payload = b"x" * size
+    subj = SUBJECT.encode()
+    units: list[bytes] = []
+    for b in range(max(1, n // per)):
+        frames = []
+        for i in range(1, per + 1):
+            commit = b"Nats-Batch-Commit: 1\r\n" if i == per else b""
+            hdr = b"NATS/1.0\r\nNats-Batch-Id: b%d\r\nNats-Batch-Sequence: %d\r\n%s\r\n" % (
+                b,
+                i,
+                commit,
+            )
+            reply = b" _INBOX.bench.%d" % b if i == per else b""
+            frames.append(
+                b"HPUB %s%s %d %d\r\n%s%s\r\n"
+                % (subj, reply, len(hdr), len(hdr) + size, hdr, payload)
+            )
+        units.append(b"".join(frames))
+    in_flight = max(1, min(40, opts["window"] // per))
+    counter = AckCounter()
+    conn = subscribed(port, b"_INBOX.bench.*", counter.on_msg, stall)
+    next_unit = 0
+    t0 = time.monotonic()
+    cpu0 = time.process_time()
+    t_last = t0
+    try:
+        while True:
+            received = counter.acks + counter.errors
+            now = time.monotonic()
+            if now > t0 + cap and next_unit < len(units):
+                res.capped = True
+            if not conn.out:
+                if not res.capped and next_unit < len(units) and next_unit - received < in_flight:
+                    conn.send(units[next_unit])
+                    next_unit += 1
+                    continue
+                if received >= next_unit and (res.capped or next_unit >= len(units)):
+                    break
+            if now > t0 + cap + opts["drain"]:
+                raise BenchError(f"deadline: {received:,} commits of {next_unit:,} batches")
+            conn.pump()
+            if counter.acks + counter.errors > received:
+                t_last = conn.last_data
+        res.cpu["client"] = time.process_time() - cpu0
+    finally:
+        conn.close()
+    res.sent = next_unit * per
+    res.count = counter.acks * per
+    res.errors = counter.errors
+    res.seconds = t_last - t0
+    res.rate = res.count / res.seconds if res.seconds > 0 else 0.0
+    if counter.errors:
+        res.note = f"{counter.errors:,} failed batches, first: {counter.first_error}"
+    return res
+
+
 def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any]) -> Result:
     """Batched DIRECT.GET requests (``depth`` in flight), wrapping over the stored range."""
     res = Result("read", "", n)
@@ -303,7 +370,7 @@ def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any
 # -- nats-py -------------------------------------------------------------------------------
 
 
-async def setup_stream(url: str) -> None:
+async def setup_stream(url: str, atomic: bool = False) -> None:
     import nats
     from nats.js.api import StorageType, StreamConfig
 
@@ -316,6 +383,7 @@ async def setup_stream(url: str) -> None:
                 subjects=["orders.>"],
                 storage=StorageType.FILE,
                 allow_direct=True,
+                allow_atomic=atomic or None,
             )
         )
     finally:
@@ -386,6 +454,8 @@ def measure(
     try:
         if load == "raw":
             res = raw_publish(srv.port, n, opts, cap)
+        elif load == "atomic":
+            res = raw_atomic(srv.port, n, opts, cap)
         elif load == "nats-py":
             res = run_async(natspy_publish(srv.url, n, opts, cap), opts["client_loop"])
         else:
@@ -429,12 +499,13 @@ def run_server(name: str, rep: int, opts: dict[str, Any]) -> list[Result]:
         "raw": (opts["sync_messages"] if sync else opts["messages"]),
         "nats-py": (opts["sync_messages"] if sync else opts["nats_py_messages"]),
         "read": opts["read_messages"],
+        "atomic": (opts["sync_messages"] if sync else opts["messages"]),
     }
     cap = opts["sync_cap"] if sync else opts["timeout"]
     results: list[Result] = []
     try:
         with _start(name, opts) as srv:
-            run_async(setup_stream(srv.url), "asyncio")
+            run_async(setup_stream(srv.url, opts["atomic_batch"] > 0), "asyncio")
             acked = 0
             for load in opts["loads"]:
                 res = measure(load, name, srv, opts, counts[load], cap)
@@ -484,7 +555,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     """Per load and server: median and best rate over the repeats, server CPU per
     message (median), the 1-minute load average and the CPU others used meanwhile."""
     table: dict[str, dict[str, Any]] = {}
-    for load in LOADS:
+    for load in (*LOADS, "atomic"):
         row: dict[str, Any] = {}
         for name in SERVERS:
             ok = [r for r in results if r.load == load and r.server == name and not r.error]
@@ -558,6 +629,17 @@ def print_table(summary: dict[str, Any], opts: dict[str, Any]) -> None:
             line += f"  target >= {target:g}x: {'met' if r['met_median'] else 'MISSED'}"
         line += f"  (server CPU per message: tether {r['cpu_ratio']:.2f}x)"
         print(line)
+    atomic, raw = summary["rates"].get("atomic", {}), summary["rates"].get("raw", {})
+    for name in SERVERS:
+        if name in atomic and name in raw:
+            ratio = atomic[name]["median"] / raw[name]["median"]
+            line = (
+                f"atomic   {name:17} batches of {opts['atomic_batch']}: "
+                f"{atomic[name]['median']:,.0f} msg/s = {ratio:.2f}x its raw acked rate"
+            )
+            if name == "tether":
+                line += f"  target >= {ATOMIC_TARGET:g}x: {'met' if ratio >= ATOMIC_TARGET else 'MISSED'}"
+            print(line)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -597,6 +679,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--drain", type=float, default=30.0, help="max wait for acks after a cap")
     p.add_argument(
+        "--atomic-batch",
+        type=int,
+        default=0,
+        help="also publish atomic batches of N messages (allow_atomic) after the other loads,"
+        " and compare their rate with the raw one",
+    )
+    p.add_argument(
         "--store",
         default="",
         help="also Tether on PostgreSQL: postgresql://USER:PASS@HOST/DB (its tether_* tables"
@@ -612,6 +701,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not loads:
         p.error(f"--load: unknown load(s) {unknown}; choose from {', '.join(LOADS)}")
     args.loads = tuple(x for x in LOADS if x in loads)
+    if args.atomic_batch > 0:
+        args.loads += ("atomic",)
     return args
 
 

@@ -805,6 +805,14 @@ class Broker:
         cfg = stream.config
         if cfg.sealed:
             raise errors.stream_sealed()
+        if (
+            not cfg.allow_msg_counter
+            and cfg.discard != "new"
+            and not stream.evicts
+            and all(_BATCH_CHECKED.isdisjoint(m.fields) for m in msgs)
+        ):
+            self._append_plain_batch(stream, batch_id, msgs, target, replies)
+            return
         now = self.clock.now()
         last = stream.last_seq
         seen: set[str] = set()
@@ -902,6 +910,41 @@ class Broker:
                 target = _with_extras(target, batch=batch_id, count=len(prepared))
             tick.waiters.append((target, name, last_seq, replies, False))
         if cfg.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+
+    def _append_plain_batch(
+        self,
+        stream: Stream,
+        batch_id: str,
+        msgs: list[Staged],
+        target: Any,
+        replies: list[str] | None,
+    ) -> None:
+        """:meth:`_commit_batch` for the common batch: no header any check looks at, on
+        a stream with no limit that evicts or refuses; indexed in one go (as a run of
+        header-less publishes is), one entry in the commit for the whole batch."""
+        now = self.clock.now()
+        name = stream.name
+        subjects = [m.subject for m in msgs]
+        sizes = [len(m.subject) + len(m.headers) + len(m.payload) + 16 for m in msgs]
+        first = stream.append_mixed(subjects, sizes, now)
+        store_append = self.store.append
+        seq = first
+        fut = None
+        for m in msgs:
+            fut = store_append(name, StoredMessage(seq, m.subject, m.headers, m.payload, now, 0))
+            seq += 1
+        assert fut is not None
+        last = seq - 1
+        tick = self._tick_for(fut)
+        tick.appended.append((stream, first, last, ""))
+        tick.first_seq.setdefault(name, first)
+        tick.atomic.append((name, first, last))
+        if target is not None:
+            if replies is None:
+                target = _with_extras(target, batch=batch_id, count=len(msgs))
+            tick.waiters.append((target, name, last, replies, False))
+        if stream.config.max_age and not self._expiry_timer:
             self._schedule_expiry()
 
     def _whole_batches(self, name: str, bad: dict[int, str]) -> dict[int, str]:
@@ -1446,6 +1489,26 @@ def _with_extras(target: Callable[[Any], None], **extras: Any) -> Callable[[Any]
 
 def _uint(raw: bytes) -> int:
     return int(raw) if raw.isdigit() and len(raw) <= 19 else -1
+
+
+# The headers the checks of a batch's commit look at: a batch without any is stored
+# without them.
+_BATCH_CHECKED = frozenset(
+    (
+        EXPECTED_LAST_MSG_ID,
+        EXPECTED_STREAM,
+        EXPECTED_LAST_SEQ,
+        EXPECTED_LAST_SUBJ_SEQ,
+        EXPECTED_LAST_SUBJ_SEQ_SUBJECT,
+        MSG_TTL,
+        MSG_ID,
+        ROLLUP,
+        PRIORITY,
+        counters.INCR,
+        sched.SCHEDULE,
+        sched.SCHEDULER,
+    )
+)
 
 
 def batches_unsupported(header: str) -> errors.ApiError:
