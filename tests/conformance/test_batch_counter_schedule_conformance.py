@@ -325,3 +325,38 @@ async def test_schedules(peers: Peers) -> None:
     await compare(peers, steps)
     await asyncio.sleep(3.5)  # the @at schedules are due
     assert await stored(peers.tether, "SC") == await stored(peers.nats, "SC")
+
+
+async def _fast_batch(url: str) -> list[Any]:
+    nc = await nats.connect(url)
+    try:
+        await nc.request(
+            "$JS.API.STREAM.CREATE.FI", json.dumps({"name": "FI", "subjects": ["fi.>"]}).encode()
+        )
+        out: list[Any] = []
+        for reply in (
+            "_INBOX.fi.b1.10.ok.1.0.$FI",
+            "_INBOX.fi.bad.$FI",
+            "_INBOX.fi.b1.10.ok.2.1.$FI",
+        ):
+            sub = await nc.subscribe(reply)
+            await nc.publish("fi.x", b"d", reply=reply)
+            out.append(json.loads((await sub.next_msg(timeout=2)).data))
+            await sub.unsubscribe()
+        info = json.loads((await nc.request("$JS.API.STREAM.INFO.FI", b"")).data)
+        out.append(info["state"]["messages"])
+        create = {"name": "FB", "subjects": ["fb"], "allow_batched": True}
+        out.append(await request(nc, "$JS.API.STREAM.CREATE.FB", create))
+        return out
+    finally:
+        await nc.close()
+
+
+async def test_fast_ingest_batches(peers: Peers) -> None:
+    """A fast-ingest batch to a stream without ``allow_batched`` is refused alike; this
+    server refuses ``allow_batched`` itself (see docs/compatibility.md)."""
+    theirs = await _fast_batch(peers.nats)
+    ours = await _fast_batch(peers.tether)
+    assert ours[:-1] == theirs[:-1]
+    assert ours[-1]["error"]["err_code"] == 10052
+    assert theirs[-1]["config"]["allow_batched"] is True

@@ -49,6 +49,8 @@ log = logging.getLogger("tether.jetstream")
 
 API_PREFIX = "$JS.API."
 _encode_json = msgspec.json.Encoder().encode
+# How a fast-ingest batch message's reply subject ends (ADR-50).
+FAST_BATCH = ".$FI"
 
 Handler = Callable[[list[str], str, bytes | None, bytes], Awaitable[dict[str, Any] | None]]
 
@@ -262,6 +264,14 @@ class JetStreamApi:
             if answer:
                 self.pub_failed(name, [reply], errors.bad_request("subject is not valid UTF-8"))
             return
+        if reply.endswith(FAST_BATCH):
+            # A fast-ingest batch (allow_batched, which this server does not offer): not
+            # stored, answered as nats-server answers on a stream without it.
+            if not stream.config.no_ack:
+                self.pub_failed(
+                    name, [reply], errors.ApiError(400, 10205, "batch publish is disabled")
+                )
+            return
         try:
             if not answer:
                 self.broker.publish(stream, subject, headers, payload, None)
@@ -293,6 +303,10 @@ class JetStreamApi:
         stream = self.broker.streams.get(name)
         if stream is None:
             return
+        if any(reply.endswith(FAST_BATCH) for reply in replies):
+            for reply, payload in zip(replies, payloads, strict=True):
+                self._capture(name, subject, reply, None, payload)
+            return
         sink = None if stream.config.no_ack else self
         self.broker.publish_many(stream, subject, payloads, replies, sink)
 
@@ -303,6 +317,10 @@ class JetStreamApi:
         for each, in one call."""
         stream = self.broker.streams.get(name)
         if stream is None:
+            return
+        if any(reply.endswith(FAST_BATCH) for reply in replies):
+            for subject, reply, payload in zip(subjects, replies, payloads, strict=True):
+                self._capture(name, subject, reply, None, payload)
             return
         sink = None if stream.config.no_ack else self
         self.broker.publish_mixed(stream, subjects, payloads, replies, sink)
