@@ -16,6 +16,7 @@ import nats
 import pytest
 import trustme
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
 from tether.testing import RawClient, find_nats_server, run_nats_server, run_server
 
@@ -74,14 +75,14 @@ def _serve(kind: str, conf: str) -> Iterator[int]:
 
 
 @contextmanager
-def _serve_monitor(kind: str, conf: str) -> Iterator[int]:
-    """The server of ``conf``; yields its monitoring port."""
+def _serve_monitor(kind: str, conf: str) -> Iterator[tuple[int, int]]:
+    """The server of ``conf``; yields its client and monitoring ports."""
     if kind == "tether":
         with run_server(store="memory", args=["-c", conf]) as srv:
-            yield srv.http_port
+            yield srv.port, srv.http_port
     else:
         with run_nats_server(["-c", conf], jetstream=False) as ns:
-            yield ns.http_port
+            yield ns.port, ns.http_port
 
 
 def _client_ctx(ca: trustme.CA, client_pem: str | None = None) -> ssl.SSLContext:
@@ -243,7 +244,7 @@ async def test_https_monitoring_port(
     """``https`` serves the monitoring endpoints over TLS with the ``tls`` block's
     certificate, and /varz names the port ``https_port``."""
     conf = _conf(tmp_path, certs, tail="https: -1\n")
-    with _serve_monitor(kind, conf) as http_port:
+    with _serve_monitor(kind, conf) as (_, http_port):
         assert http_port
         async with httpx.AsyncClient(verify=_client_ctx(ca)) as http:
             varz = (await http.get(f"https://localhost:{http_port}/varz")).json()
@@ -261,3 +262,40 @@ async def test_https_monitoring_port(
                 pass
             else:
                 assert plain.status_code == 400
+
+
+def _client_cert(pem_path: str) -> x509.Certificate:
+    pem = Path(pem_path).read_bytes()
+    return x509.load_pem_x509_certificate(pem[pem.index(b"-----BEGIN CERTIFICATE") :])
+
+
+async def test_connz_shows_tls_and_the_user(
+    kind: str, ca: trustme.CA, certs: dict[str, str], tmp_path: Path
+) -> None:
+    """/connz names the TLS version and suite of each connection; with ``auth`` also
+    the client's certificate (subject, public-key and certificate SHA-256) and user."""
+    extra = f'  ca_file: "{certs["ca"]}"\n  verify: true\n'
+    users = "http: -1\nauthorization { users: [ {user: alice, password: pw} ] }\n"
+    with _serve_monitor(kind, _conf(tmp_path, certs, extra, users)) as (port, http_port):
+        nc = await nats.connect(
+            f"tls://alice:pw@localhost:{port}",
+            tls=_client_ctx(ca, certs["client"]),
+            allow_reconnect=False,
+        )
+        try:
+            async with httpx.AsyncClient() as http:
+                plain = (await http.get(f"http://127.0.0.1:{http_port}/connz")).json()
+                auth = (await http.get(f"http://127.0.0.1:{http_port}/connz?auth=1")).json()
+        finally:
+            await nc.close()
+    conn = plain["connections"][0]
+    assert conn["tls_version"] == "1.3"
+    assert conn["tls_cipher_suite"].startswith("TLS_")
+    assert "tls_peer_certs" not in conn and "authorized_user" not in conn
+    conn = auth["connections"][0]
+    assert conn["authorized_user"] == "alice" and conn["name_tag"] == "$G"
+    leaf = conn["tls_peer_certs"][0]  # nats-server adds the chain; Python < 3.13 cannot
+    cert = _client_cert(certs["client"])
+    assert leaf["subject"] == cert.subject.rfc4514_string()
+    assert leaf["cert_sha256"] == cert.fingerprint(hashes.SHA256()).hex()
+    assert len(leaf["spki_sha256"]) == 64

@@ -27,6 +27,7 @@ from tether.engine.consumers import ConsumerRegistry
 from tether.engine.subjects import is_valid_subject, subject_matches
 from tether.protocol.numbers import parse_uint
 from tether.server.config import ServerConfig
+from tether.server.nats.auth.peer_certs import tls_fields
 from tether.server.nats.connection import ClientConnection
 from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.jetstream import JetStreamApi
@@ -495,8 +496,11 @@ def _conn_info(
         info["lang"] = conn.lang
     if conn.version:
         info["version"] = conn.version
+    info.update(tls_fields(getattr(conn, "transport", None), certificates=auth))
     if auth:
-        info["account"] = ACCOUNT
+        if conn.user:
+            info["authorized_user"] = conn.user
+        info["name_tag"] = ACCOUNT  # nats-server's tag of the global account
     if detail:
         info["subscriptions_list_detail"] = [_sub_detail(conn, s) for s in conn.subs.values()]
     elif subs:
