@@ -76,3 +76,22 @@ async def test_progress_lines_while_loading(caplog: pytest.LogCaptureFixture) ->
     lines = [r.getMessage() for r in caplog.records]
     assert any("reading ORDERS" in line and "600,000 messages" in line for line in lines)
     assert lines[-1].startswith("Loaded the store: 2 of 2 streams, 600,000 messages in ")
+
+
+async def test_the_broker_counts_into_the_progress_it_was_given() -> None:
+    from tether.engine.broker import Broker
+    from tether.engine.clock import FakeClock
+    from tether.storage.memory import MemoryStore
+
+    store = MemoryStore()
+    await store.open()
+    broker = Broker(store, FakeClock())
+    stream, _ = await broker.create_stream("A", b'{"name":"A","subjects":["a"]}')
+    for i in range(3):
+        broker.publish(stream, "a", None, b"%d" % i, None)
+    await store.flush()
+    again = Broker(store, FakeClock())
+    watched = again.loaded  # what the progress lines read while load() runs
+    await again.load()
+    assert watched is again.loaded
+    assert (watched.streams, watched.streams_total, watched.messages) == (1, 1, 3)

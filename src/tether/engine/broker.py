@@ -163,7 +163,7 @@ class Broker:
         """Rebuild every stream's index from storage (after a restart or a crash)."""
         now = self.clock.now()
         records = await self.store.load_streams()
-        self.loaded = LoadProgress(streams_total=len(records))
+        self.loaded.streams_total = len(records)  # the same object: progress lines read it
         for record in records:
             config = decode_stored_config(record.config)
             stream = Stream(config, record.created_ns)
