@@ -15,7 +15,8 @@ from typing import Annotated, Any
 import typer
 
 from tether.cli._typer import group
-from tether.cli.output import count, emit_json, pairs, table
+from tether.cli.output import count, emit_json, show, table
+from tether.cli.prompts import DefaultsOpt, Question, ask, interactive, seconds
 from tether.cli.remote import (
     JsonOpt,
     Target,
@@ -111,10 +112,7 @@ def info(
         return await api(conn, f"CONSUMER.INFO.{stream}.{name}")
 
     found = run(target, work)
-    if as_json:
-        emit_json(found)
-        return
-    pairs(f"Consumer {stream} > {name}", _rows(found))
+    show(found, as_json, f"Consumer {stream} > {name}", _rows)
 
 
 def _config(
@@ -148,7 +146,7 @@ def _fields(
     filter_: str | None,
     ack: str | None,
     deliver: str | None,
-    target: str | None,
+    deliver_subject: str | None,
     wait: float | None,
     max_deliver: int | None,
     max_pending: int | None,
@@ -157,47 +155,76 @@ def _fields(
         "filter_subject": filter_,
         "ack_policy": ack,
         "deliver_policy": deliver,
-        "deliver_subject": target,
+        "deliver_subject": deliver_subject,
         "ack_wait": None if wait is None else int(wait * 1e9),
         "max_deliver": max_deliver,
         "max_ack_pending": max_pending,
     }
 
 
+def _optional(text: str) -> str | None:
+    return text.strip() or None
+
+
+CONSUMER_QUESTIONS = [
+    Question("filter_", "Filter subject (empty for all)", "", convert=_optional),
+    Question("ack", "Acknowledgement policy", "explicit", ("explicit", "all", "none")),
+    Question("deliver", "Start policy", "all", ("all", "last", "new", "last_per_subject")),
+    Question("deliver_subject", "Delivery target (empty for pull)", "", convert=_optional),
+    Question("wait", "Ack wait", "30s", convert=seconds),
+    Question("max_deliver", "Maximum deliveries (-1: unlimited)", -1, convert=int),
+    Question("max_pending", "Maximum acknowledgements pending", 1000, convert=int),
+]
+
+
 @remote(consumer_app, "add")
 def add(
     target: Target,
     stream: StreamArg,
-    name: NameArg,
+    name: Annotated[str | None, typer.Argument(help="Consumer name (asked on a terminal).")] = None,
     config: ConfigOpt = None,
     filter_: FilterOpt = None,
-    ack: AckOpt = "explicit",
+    ack: AckOpt = None,
     deliver: DeliverOpt = None,
     deliver_subject: TargetOpt = None,
     wait: WaitOpt = None,
     max_deliver: MaxDeliverOpt = None,
     max_pending: MaxPendingOpt = None,
+    defaults: DefaultsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a durable consumer (pull unless --target gives a deliver subject)."""
-    body = _config(
-        name,
-        config,
-        _fields(filter_, ack, deliver, deliver_subject, wait, max_deliver, max_pending),
-    )
+    """Create a durable consumer (pull unless --target gives a deliver subject): flags,
+    --config FILE.json, or answers to questions on a terminal (--defaults: none)."""
+    asking = interactive(defaults=defaults, config=config)
+    if name is None:
+        if not asking:
+            raise typer.BadParameter("a consumer name is needed", param_hint="NAME")
+        name = str(typer.prompt("Consumer name"))
+    given: dict[str, Any] = {
+        "filter_": filter_,
+        "ack": ack,
+        "deliver": deliver,
+        "deliver_subject": deliver_subject,
+        "wait": wait,
+        "max_deliver": max_deliver,
+        "max_pending": max_pending,
+    }
+    if asking:
+        given = ask(CONSUMER_QUESTIONS, given)
+    if given["ack"] is None and config is None:
+        given["ack"] = "explicit"  # nats' default: pull consumers want acks
+    body = _config(name, config, _fields(**given))
+    durable = name
 
     async def work(conn: Connection) -> Any:
         return await api(
             conn,
-            f"CONSUMER.CREATE.{stream}.{name}",
+            f"CONSUMER.CREATE.{stream}.{durable}",
             {"stream_name": stream, "config": body, "action": "create"},
         )
 
     created = run(target, work)
-    if as_json:
-        emit_json(created)
-        return
-    pairs(f"Consumer {stream} > {name} created", _rows(created))
+    show(created, as_json, f"Consumer {stream} > {name} created", _rows)
 
 
 @remote(consumer_app, "edit")
@@ -225,10 +252,7 @@ def edit(
         )
 
     updated = run(target, work)
-    if as_json:
-        emit_json(updated)
-        return
-    pairs(f"Consumer {stream} > {name} updated", _rows(updated))
+    show(updated, as_json, f"Consumer {stream} > {name} updated", _rows)
 
 
 @remote(consumer_app, "rm")

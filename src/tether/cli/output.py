@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -35,6 +35,16 @@ def pairs(title: str, items: Iterable[tuple[str, Any]]) -> None:
     for label, value in items:
         out.add_row(label, _cell(value))
     console.print(out)
+
+
+def show(
+    value: Any, as_json: bool, title: str, rows: Callable[[Any], Iterable[tuple[str, Any]]]
+) -> None:
+    """An info view: ``value`` as JSON for scripts, else its labelled rows."""
+    if as_json:
+        emit_json(value)
+    else:
+        pairs(title, rows(value))
 
 
 def count(n: int) -> str:

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from tether.cli._typer import group
-from tether.cli.output import count, emit_json, pairs, size, table
+from tether.cli.output import count, emit_json, show, size, table
+from tether.cli.prompts import DefaultsOpt, Question, ask, interactive, seconds, words, yes
 from tether.cli.remote import (
     Failure,
     JsonOpt,
@@ -130,10 +131,7 @@ def info(
         return await api(conn, f"STREAM.INFO.{name}")
 
     found = run(target, work)
-    if as_json:
-        emit_json(found)
-        return
-    pairs(f"Stream {name}", _state_rows(found))
+    show(found, as_json, f"Stream {name}", _state_rows)
 
 
 def _config_from_flags(
@@ -191,10 +189,23 @@ def _fields(
     }
 
 
+def _stream_questions(name: str) -> list[Question]:
+    return [
+        Question("subjects", "Subjects", name, convert=words),
+        Question("storage", "Storage", "file", ("file", "memory")),
+        Question("retention", "Retention", "limits", ("limits", "interest", "workq")),
+        Question("max_msgs", "Message count limit", -1, convert=int),
+        Question("max_bytes", "Total stream size (bytes)", -1, convert=int),
+        Question("max_age", "Message age limit", "unlimited", convert=seconds),
+        Question("dupe_window", "Duplicate tracking window", "2m", convert=seconds),
+        Question("allow_direct", "Allow direct gets (y/n)", "n", convert=yes),
+    ]
+
+
 @remote(stream_app, "add")
 def add(
     target: Target,
-    name: NameArg,
+    name: Annotated[str | None, typer.Argument(help="Stream name (asked on a terminal).")] = None,
     subjects: SubjectsOpt = None,
     config: ConfigOpt = None,
     storage: StorageOpt = None,
@@ -204,24 +215,37 @@ def add(
     max_age: MaxAgeOpt = None,
     dupe_window: DupeOpt = None,
     allow_direct: DirectOpt = None,
+    defaults: DefaultsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a stream (flags, or --config FILE.json as nats-server's JSON)."""
-    body = _config_from_flags(
-        name,
-        config,
-        subjects,
-        _fields(storage, retention, max_msgs, max_bytes, max_age, dupe_window, allow_direct),
-    )
+    """Create a stream: flags, --config FILE.json (nats-server's JSON), or answers to
+    questions on a terminal for what the flags leave out (--defaults: no questions)."""
+    asking = interactive(defaults=defaults, config=config)
+    if name is None:
+        if not asking:
+            raise typer.BadParameter("a stream name is needed", param_hint="NAME")
+        name = str(typer.prompt("Stream name"))
+    given: dict[str, Any] = {
+        "subjects": subjects,
+        "storage": storage,
+        "retention": retention,
+        "max_msgs": max_msgs,
+        "max_bytes": max_bytes,
+        "max_age": max_age,
+        "dupe_window": dupe_window,
+        "allow_direct": allow_direct,
+    }
+    if asking:
+        given = ask(_stream_questions(name), given)
+    subjects = given.pop("subjects")
+    body = _config_from_flags(name, config, subjects, _fields(**given))
+    stream = name
 
     async def work(conn: Connection) -> Any:
-        return await api(conn, f"STREAM.CREATE.{name}", body)
+        return await api(conn, f"STREAM.CREATE.{stream}", body)
 
     created = run(target, work)
-    if as_json:
-        emit_json(created)
-        return
-    pairs(f"Stream {name} created", _state_rows(created))
+    show(created, as_json, f"Stream {name} created", _state_rows)
 
 
 @remote(stream_app, "edit")
@@ -250,10 +274,7 @@ def edit(
         return await api(conn, f"STREAM.UPDATE.{name}", {**current, **changes})
 
     updated = run(target, work)
-    if as_json:
-        emit_json(updated)
-        return
-    pairs(f"Stream {name} updated", _state_rows(updated))
+    show(updated, as_json, f"Stream {name} updated", _state_rows)
 
 
 @remote(stream_app, "rm")

@@ -118,7 +118,8 @@ class Connection(Io, RequestMux):
         self._state = CLOSED
         if isinstance(last, AuthorizationError):
             raise last
-        raise NoServersAvailable(f"could not connect to any server: {last}") from last
+        reason = "timed out" if isinstance(last, TimeoutError) else (str(last) or repr(last))
+        raise NoServersAvailable(f"could not connect to any server: {reason}") from last
 
     def _became_connected(self, server: Server) -> None:
         self._server = server
