@@ -362,6 +362,68 @@ async def stalls(s: Session) -> None:
     await s.pub("m.a", 5)
     # A one-shot stalled by max_ack_pending stays until it expires (408), as on nats-server.
     await s.pull("M", "C", {"batch": 5, "no_wait": True, "expires": 500_000_000}, wait=1.0)
+    # With a heartbeat, the first heartbeat's wake-up ends it with 404 instead.
+    await s.consumer("M", "HB", ack_policy="explicit", max_ack_pending=2)
+    await s.pull(
+        "M",
+        "HB",
+        {"batch": 5, "no_wait": True, "expires": 2_000_000_000, "idle_heartbeat": 400_000_000},
+        wait=1.5,
+    )
+    # So does another request's expiry.
+    await s.consumer("M", "OTHER", ack_policy="explicit", max_ack_pending=2)
+    await s.pull("M", "OTHER", {"batch": 1, "no_wait": True})
+    one_shot, other = s.nc.new_inbox(), s.nc.new_inbox()
+    sub = await s.nc.subscribe(one_shot)
+    other_sub = await s.nc.subscribe(other)
+    for inbox, body in (
+        (one_shot, {"batch": 5, "no_wait": True, "expires": 2_000_000_000}),
+        (other, {"batch": 1, "expires": 300_000_000}),
+    ):
+        await s.nc.publish(
+            f"{API}.CONSUMER.MSG.NEXT.M.OTHER", json.dumps(body).encode(), reply=inbox
+        )
+        await asyncio.sleep(0.05)
+    got = []
+    while True:
+        try:
+            msg = await sub.next_msg(timeout=1.5)
+        except Exception:
+            break
+        got.append(observe(msg))
+        if got[-1][0] == "status":
+            break
+    s.log.append(got)
+    s.log.append(observe(await other_sub.next_msg(timeout=1)))
+    await sub.unsubscribe()
+    await other_sub.unsubscribe()
+    # An expiring request nobody listens to any more wakes nothing.
+    await s.consumer("M", "GONE", ack_policy="explicit", max_ack_pending=1)
+    one_shot = s.nc.new_inbox()
+    sub = await s.nc.subscribe(one_shot)
+    for inbox, body in (
+        (one_shot, {"batch": 5, "no_wait": True, "expires": 1_000_000_000}),
+        (s.nc.new_inbox(), {"batch": 1, "expires": 300_000_000}),
+    ):
+        await s.nc.publish(
+            f"{API}.CONSUMER.MSG.NEXT.M.GONE", json.dumps(body).encode(), reply=inbox
+        )
+        await asyncio.sleep(0.05)
+    got = []
+    while True:
+        try:
+            msg = await sub.next_msg(timeout=1.5)
+        except Exception:
+            break
+        got.append(observe(msg))
+        if got[-1][0] == "status":
+            break
+    s.log.append(got)
+    await sub.unsubscribe()
+    # A paused consumer: a one-shot without expires ends at once.
+    await s.consumer("M", "PAUSED", ack_policy="explicit", pause_until="2099-01-01T00:00:00Z")
+    await s.pull("M", "PAUSED", {"batch": 1, "no_wait": True}, wait=0.5)
+    await s.pull("M", "PAUSED", {"batch": 1, "no_wait": True, "expires": 300_000_000}, 0.6)
     await s.pull("M", "C", {"batch": 5, "idle_heartbeat": 1_000_000_000}, wait=0.3)
     await s.pull("M", "C", {"batch": 5, "no_wait": True, "idle_heartbeat": 10}, wait=0.3)
     await s.info("M", "C")

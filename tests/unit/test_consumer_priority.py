@@ -306,3 +306,52 @@ def test_sampled_acks_are_reported(w: World) -> None:
     assert (event["consumer_seq"], event["stream_seq"], event["deliveries"]) == (1, 1, 1)
     assert event["ack_time"] == NS // 4
     assert w.consumer("Z", sample_freq="0").sample_freq == 0
+
+
+# -- one-shot requests held back -----------------------------------------------------------------
+
+
+def test_a_stalled_one_shot_ends_at_its_first_heartbeat(w: World) -> None:
+    c = w.consumer(max_ack_pending=2)
+    w.publish(n=5)
+    c.pull(
+        "_INBOX.a",
+        body(batch=5, no_wait=True, expires=2 * NS, idle_heartbeat=NS // 2),
+    )
+    assert msgs(w.sink.take()) == [1, 2]
+    w.clock.advance(0.5)
+    assert [status(b) for b in blocks(w.sink.take())] == ["NATS/1.0 404 No Messages"]
+    assert c.count_waiting() == 0
+
+
+def test_a_stalled_one_shot_waits_for_its_expiry_without_other_wake_ups(w: World) -> None:
+    c = w.consumer(max_ack_pending=2)
+    w.publish(n=5)
+    c.pull("_INBOX.a", body(batch=5, no_wait=True, expires=2 * NS))
+    assert msgs(w.sink.take()) == [1, 2]
+    w.clock.advance(1.9)
+    assert w.sink.take() == []
+    w.clock.advance(0.2)
+    assert [status(b) for b in blocks(w.sink.take())] == ["NATS/1.0 408 Request Timeout"]
+
+
+def test_another_requests_expiry_ends_a_stalled_one_shot(w: World) -> None:
+    c = w.consumer(max_ack_pending=2)
+    w.publish(n=5)
+    c.pull("_INBOX.a", body(batch=5, no_wait=True, expires=2 * NS))
+    c.pull("_INBOX.b", body(batch=1, expires=NS // 4))
+    w.sink.take()
+    w.clock.advance(0.3)
+    assert [(e[1], status(e[2])) for e in w.sink.take()] == [
+        ("_INBOX.b", "NATS/1.0 408 Request Timeout"),
+        ("_INBOX.a", "NATS/1.0 404 No Messages"),
+    ]
+
+
+def test_a_paused_consumer_ends_one_shots_without_expires(w: World) -> None:
+    c = w.consumer(pause_until="2099-01-01T00:00:00Z")
+    w.publish(n=1)
+    c.pull("_INBOX.a", body(batch=1, no_wait=True))
+    assert [status(b) for b in blocks(w.sink.take())] == ["NATS/1.0 404 No Messages"]
+    c.pull("_INBOX.b", body(batch=1, no_wait=True, expires=NS))
+    assert w.sink.take() == []

@@ -301,7 +301,11 @@ class Consumer(
         if self._pumping:
             self._again = True
             return
-        if self.deleted or (self.paused_until and self.paused):
+        if self.deleted:
+            return
+        if self.paused_until and self.paused:
+            if self.is_pull and self.waiting:
+                self.end_one_shots()  # nothing goes out: one-shots end, as on nats-server
             return
         if self.on_available is not None:
             self.on_available()

@@ -174,12 +174,20 @@ class PullDelivery(Generic[Me]):
 
     def _expire(self, req: PullRequest) -> None:
         req.timer = None
-        if req.queued:
-            self._finish(req, pq.request_timeout(req.batch, req.bytes_left))
+        if not req.queued:
+            return
+        # A request nobody listens to any more would have been dropped by nats-server
+        # before it expired: its expiry wakes nothing there.
+        live = self.sink.has_interest(req.reply)
+        self._finish(req, pq.request_timeout(req.batch, req.bytes_left))
+        if live:
+            self.end_one_shots()
 
     def _request_hb(self, req: PullRequest) -> None:
         req.hb_timer = None
         if not req.queued or self.deleted:
+            return
+        if self.end_one_shots(req):
             return
         now = self.clock.now()
         if now >= req.hb_next:
@@ -426,6 +434,19 @@ class PullDelivery(Generic[Me]):
                 continue
             return req
         return None
+
+    def end_one_shots(self, watch: PullRequest | None = None) -> bool:
+        """End the one-shot (``no_wait``) requests that are done waiting: those without
+        ``expires`` and those that got messages already, with ``404``, even when
+        ``max_ack_pending`` or a pause is what holds them. nats-server does this each
+        time its delivery loop wakes for a waiting request's expiry or heartbeat.
+        Returns whether ``watch`` was one of them."""
+        ended = False
+        for req in list(self.waiting):
+            if req.no_wait and (not req.expires_at or req.delivered > 0):
+                self._finish(req, pq.NO_MESSAGES)
+                ended = ended or req is watch
+        return ended
 
     def _end_of_stream(self) -> None:
         """Nothing more to send now: one-shot (no_wait) requests end, as on nats-server."""
