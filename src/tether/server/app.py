@@ -30,6 +30,7 @@ from tether.server.http.common import text
 from tether.server.http.limits import HttpLimits
 from tether.server.http.listener import HttpListener
 from tether.server.listen import show
+from tether.server.nats.api_export import ApiExport, parse_exports
 from tether.server.nats.consumers import ConsumerApi
 from tether.server.nats.dead_letters import DeadLetterApi
 from tether.server.nats.jetstream import API_PREFIX, JetStreamApi
@@ -71,6 +72,7 @@ class Tether:
         self.broker: Broker | None = None
         self.jetstream: JetStreamApi | None = None
         self.sourcing: SourcingService | None = None
+        self.api_exports: list[ApiExport] = []
         self.consumers: ConsumerRegistry | None = None
         self.consumer_api: ConsumerApi | None = None
         self.stream_read: StreamReadApi | None = None
@@ -211,6 +213,10 @@ class Tether:
         self.consumer_api.start()
         routes = parse_routes(cfg.js_external_origins)
         self.sourcing = SourcingService(self.broker, RemoteStreams(routes))
+        for prefix, urls in parse_exports(cfg.js_api_exports):
+            export = ApiExport(self.nats.router, prefix, urls)
+            export.start()
+            self.api_exports.append(export)
         self.jetstream.sourcing = self.sourcing
         await self.sourcing.start()
         self.stream_read = StreamReadApi(self.nats.router, self.broker)
@@ -347,6 +353,9 @@ class Tether:
         self._engine_running = False
         if self.sourcing is not None:
             await self.sourcing.stop()
+        for export in self.api_exports:
+            await export.stop()
+        self.api_exports.clear()
         if self.webhook_front is not None:
             await self.webhook_front.stop()
         if self.webhooks is not None:

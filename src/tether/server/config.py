@@ -102,6 +102,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     jetstream: bool = True  # false: no $JS.API, no streams, no store (docs/configuration.md)
     # "API PREFIX=URL[,URL…]": where mirrors and sources with external.api read (docs/sourcing.md)
     js_external_origins: list[str] = msgspec.field(default_factory=list)
+    # "API PREFIX=URL[,URL…]": serve $JS.API there as PREFIX, for its mirrors (docs/sourcing.md)
+    js_api_exports: list[str] = msgspec.field(default_factory=list)
     lame_duck_duration: float = 120.0  # seconds lame duck mode takes to close every client
     lame_duck_grace_period: float = 10.0  # seconds it waits before closing the first one
     auth_token: str | None = None
@@ -342,12 +344,11 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
             f"{source('ha_poll_interval')}: expected more than 0 seconds, less than"
             f" ha_session_timeout ({cfg.ha_session_timeout:g})"
         )
-    for entry in cfg.js_external_origins:
-        prefix, sep, urls = entry.partition("=")
-        if not sep or not prefix.strip() or not urls.strip(", "):
-            raise ValueError(
-                f"{source('js_external_origins')}: {entry!r}: expected 'API PREFIX=URL[,URL…]'"
-            )
+    for key in ("js_external_origins", "js_api_exports"):
+        for entry in getattr(cfg, key):
+            prefix, sep, urls = entry.partition("=")
+            if not sep or not prefix.strip() or not urls.strip(", "):
+                raise ValueError(f"{source(key)}: {entry!r}: expected 'API PREFIX=URL[,URL…]'")
     if not cfg.postgres_keepalive >= 1:
         raise ValueError(f"{source('postgres_keepalive')}: expected 1 second or more")
     if not cfg.lame_duck_duration > 0:
