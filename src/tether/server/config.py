@@ -329,11 +329,6 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
         )
     if cfg.ui_anonymous == "refuse" and not cfg.http_admin_password:
         raise ValueError(
-            f"{source('ui_anonymous')}: nobody could see the dashboard: "
-            "set http_admin_password too"
-        )
-    if cfg.ui_anonymous == "refuse" and not cfg.http_admin_password:
-        raise ValueError(
             f"{source('ui_anonymous')}: nobody could see the dashboard: set http_admin_password too"
         )
     problem = _store_problem(cfg.store)
