@@ -284,6 +284,46 @@ async def test_ping_and_info(server: RunningServer) -> None:
             assert key in info
 
 
+async def test_config_options_as_nsqd_answers_them(server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        r = await http.get("/config/max_rdy_count")
+        assert (r.status_code, r.json()) == (200, 2500)
+        assert r.headers["x-nsq-content-type"] == "nsq; version=1.0"
+        assert (await http.get("/config/msg_timeout")).json() == 60_000_000_000  # ns
+        assert (await http.get("/config/nsqlookupd_tcp_addresses")).json() == []
+        assert (await http.get("/config/tcp_address")).json().endswith(f":{server.nsq_port}")
+        r = await http.get("/config/no_such_option")
+        assert (r.status_code, r.json()) == (400, {"message": "INVALID_OPTION"})
+        # log_level is the option nsqd changes at run time: applied, and read back.
+        r = await http.put("/config/log_level", content=b"debug")
+        assert (r.status_code, r.json()) == (200, "debug")
+        assert (await http.get("/config/log_level")).json() == "debug"
+        r = await http.put("/config/log_level", content=b"info")
+        assert (await http.get("/config/log_level")).json() == "info"
+        r = await http.put("/config/log_level", content=b"loud")
+        assert (r.status_code, r.json()) == (400, {"message": "INVALID_VALUE"})
+        r = await http.put("/config/log_level", content=b"")
+        assert (r.status_code, r.json()) == (413, {"message": "INVALID_VALUE"})
+        # Nothing registers this node with an nsqlookupd over TCP: refused, not ignored.
+        r = await http.put("/config/nsqlookupd_tcp_addresses", content=b'["127.0.0.1:4160"]')
+        assert (r.status_code, r.json()) == (400, {"message": "INVALID_OPTION"})
+        r = await http.post("/config/log_level", content=b"debug")
+        assert (r.status_code, r.json()) == (405, {"message": "METHOD_NOT_ALLOWED"})
+        assert (await http.get("/config/max_rdy_count", headers=V1)).json() == 2500
+
+
+async def test_debug_routes_are_not_found(server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        for method, path in [
+            ("GET", "/debug/pprof/"),
+            ("GET", "/debug/pprof/heap"),
+            ("POST", "/debug/freememory"),
+            ("PUT", "/debug/setblockrate?rate=1"),
+        ]:
+            r = await http.request(method, path)
+            assert (r.status_code, r.json()) == (404, {"message": "NOT_FOUND"}), path
+
+
 async def test_pause_survives_a_restart() -> None:
     with run_server() as srv:
         name = topic()

@@ -107,6 +107,45 @@ async def test_lookup_lists_producers_on_both_nodes(
         assert (await http.get("/ping")).text == "OK"
 
 
+async def test_a_tombstoned_producer_leaves_the_lookup(
+    pair: tuple[RunningServer, RunningServer],
+) -> None:
+    a, b = pair
+    await publish(a, "graves", b"from a")
+    await publish(b, "graves", b"from b")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while True:  # until a has polled b
+        r = await lookup(a, "graves")
+        if r.status_code == 200 and len(r.json()["producers"]) == 2:
+            break
+        assert loop.time() < deadline, r.text
+        await asyncio.sleep(0.1)
+    node_b = f"127.0.0.1:{b.http_port}"
+    async with httpx.AsyncClient(base_url=a.http_url) as http:
+        r = await http.post("/topic/tombstone", params={"topic": "graves", "node": node_b})
+        assert (r.status_code, r.text) == (200, "")
+        doc = (await lookup(a, "graves")).json()
+        assert [p["tcp_port"] for p in doc["producers"]] == [a.nsq_port]
+        nodes = {n["tcp_port"]: n for n in (await http.get("/nodes")).json()["producers"]}
+        node = nodes[b.nsq_port]
+        assert dict(zip(node["topics"], node["tombstones"], strict=True))["graves"] is True
+        assert (
+            dict(zip(nodes[a.nsq_port]["topics"], nodes[a.nsq_port]["tombstones"], strict=True))[
+                "graves"
+            ]
+            is False
+        )
+        r = await http.post("/topic/tombstone", params={"topic": "graves"})
+        assert (r.status_code, r.json()) == (400, {"message": "MISSING_ARG_NODE"})
+        r = await http.post("/topic/tombstone", params={"node": node_b})
+        assert (r.status_code, r.json()) == (400, {"message": "MISSING_ARG_TOPIC"})
+        r = await http.get("/topic/tombstone", params={"topic": "graves", "node": node_b})
+        assert r.status_code == 405
+    # b's own answer is its own: the tombstone was a's.
+    assert len((await lookup(b, "graves")).json()["producers"]) == 2
+
+
 async def test_lookupd_s_own_port(pair: tuple[RunningServer, RunningServer]) -> None:
     _, b = pair
     port = int(b.stderr.split("Listening for nsqlookupd queries on 127.0.0.1:")[1].split()[0])

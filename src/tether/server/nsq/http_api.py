@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from tether.engine import errors as api_errors
 from tether.engine.nsq import Channel, NsqService, Topic
 from tether.protocol.nsq.names import is_valid_name
@@ -91,6 +93,7 @@ class NsqHttp:
         lookupd_only: bool = False,
     ) -> None:
         self.app = app
+        self.lookupd_only = lookupd_only
         self.nsq = nsq
         self.service: NsqService = nsq.service
         self.config = nsq.config
@@ -109,6 +112,7 @@ class NsqHttp:
             "/channels": ("GET", self._channels, False),
             "/nodes": ("GET", self._nodes, True),
             "/ping": ("GET", self._ping, True),
+            "/topic/tombstone": ("POST", self._tombstone, True),
         }
         if lookupd_only:
             lookup["/info"] = ("GET", self._lookupd_info, True)
@@ -153,7 +157,24 @@ class NsqHttp:
                     envelope = wants_envelope(scope)
                     await respond(send, 405, "METHOD_NOT_ALLOWED", envelope=envelope)
                     return
+            elif not self.lookupd_only and path.startswith(("/config/", "/debug/")):
+                await self._nsqd_prefixed(scope, receive, send, path)
+                return
         await self.app(scope, receive, send)
+
+    async def _nsqd_prefixed(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        """nsqd's ``/config/:opt`` (GET, PUT) and ``/debug/...`` (Go's profiler and
+        memory controls, which a Python process does not have: ``404 NOT_FOUND``)."""
+        method = scope["method"]
+        if path.startswith("/debug/"):
+            await respond(send, 404, "NOT_FOUND", envelope=wants_envelope(scope))
+            return
+        if method in ("GET", "HEAD"):
+            await self._serve(scope, receive, send, self._config_get)
+        elif method == "PUT":
+            await self._serve(scope, receive, send, self._config_put)
+        else:
+            await respond(send, 405, "METHOD_NOT_ALLOWED", envelope=wants_envelope(scope))
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, handler: Any) -> None:
         envelope = wants_envelope(scope)
@@ -414,6 +435,72 @@ class NsqHttp:
         }
         return NodeView(producer, topics)
 
+    async def _tombstone(self, scope: Scope, receive: Receive, query: Query) -> None:
+        self._check_access(scope, b"")
+        self.lookupd.tombstone(query)
+
+    # -- /config/:opt ---------------------------------------------------------------------------------
+    def _options(self) -> dict[str, Any]:
+        """nsqd's options by their config names, with this server's values (durations in
+        nanoseconds, as Go encodes them)."""
+        cfg = self.config
+        ns = 1_000_000_000
+        return {
+            "log_level": _nsqd_level(),
+            "tcp_address": f"{cfg.host}:{self.nsq.port}",
+            "http_address": f"{cfg.host}:{self.http_port()}",
+            "broadcast_address": self.broadcast_address,
+            "broadcast_tcp_port": self.nsq.port,
+            "broadcast_http_port": self.http_port(),
+            "nsqlookupd_tcp_addresses": [],  # no nsqlookupd registers this node over TCP
+            "mem_queue_size": cfg.nsq_mem_queue_size,
+            "max_msg_size": cfg.nsq_max_msg_size,
+            "max_body_size": cfg.nsq_max_body_size,
+            "max_rdy_count": cfg.nsq_max_rdy_count,
+            "msg_timeout": int(cfg.nsq_msg_timeout * ns),
+            "max_msg_timeout": int(cfg.nsq_max_msg_timeout * ns),
+            "max_req_timeout": int(cfg.nsq_max_req_timeout * ns),
+            "max_heartbeat_interval": int(cfg.nsq_max_heartbeat_interval * ns),
+            "max_output_buffer_size": cfg.nsq_max_output_buffer_size,
+            "max_output_buffer_timeout": int(cfg.nsq_max_output_buffer_timeout * ns),
+            "deflate": cfg.nsq_deflate,
+            "max_deflate_level": cfg.nsq_max_deflate_level,
+            "snappy": cfg.nsq_snappy,
+            "tls_cert": cfg.nsq_tls_cert or cfg.tls_cert or "",
+            "tls_key": cfg.nsq_tls_key or cfg.tls_key or "",
+            "tls_root_ca_file": cfg.tls_ca or "",
+            "tls_client_auth_policy": cfg.nsq_tls_client_auth_policy,
+            "tls_required": 1 if cfg.nsq_tls_required else 0,
+        }
+
+    async def _config_get(self, scope: Scope, receive: Receive, query: Query) -> Any:
+        options = self._options()
+        name = scope["path"].removeprefix("/config/")
+        if name not in options:
+            raise HttpError(400, "INVALID_OPTION")
+        value = options[name]
+        # JSON like every other value (a bare string would be sent as text).
+        return msgspec.json.encode(value) if isinstance(value, str) else value
+
+    async def _config_put(self, scope: Scope, receive: Receive, query: Query) -> Any:
+        """nsqd changes two options at run time: ``log_level`` is applied here;
+        ``nsqlookupd_tcp_addresses`` is refused (this node registers with no nsqlookupd;
+        peers are ``nsq_lookupd_peers``)."""
+        name = scope["path"].removeprefix("/config/")
+        limit = self.config.nsq_max_msg_size
+        body = await read_body(scope, receive, limit + 1)
+        if body is None or len(body) > limit or not body:
+            raise HttpError(413, "INVALID_VALUE")
+        self._check_access(scope, body)
+        if name != "log_level":
+            raise HttpError(400, "INVALID_OPTION")
+        level = _LEVELS.get(body.decode("latin-1").strip().lower())
+        if level is None:
+            raise HttpError(400, "INVALID_VALUE")
+        logging.getLogger().setLevel(level)
+        log.warning("nsq http: log level set to %s", logging.getLevelName(level).lower())
+        return msgspec.json.encode(_nsqd_level())
+
     async def _lookup(self, scope: Scope, receive: Receive, query: Query) -> dict[str, Any]:
         return self.lookupd.lookup(query)
 
@@ -472,6 +559,24 @@ class NsqHttp:
             "paused": topic.paused,
             "e2e_processing_latency": {"count": 0, "percentiles": None},
         }
+
+
+# nsqd's log levels (lg.ParseLogLevel) and Python's.
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
+
+
+def _nsqd_level() -> str:
+    level = logging.getLogger().getEffectiveLevel()
+    for name, value in _LEVELS.items():
+        if level <= value:
+            return name
+    return "fatal"
 
 
 def _names_topic(query: bytes) -> bool:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ log = logging.getLogger("tether.nsq")
 
 JITTER = 0.2
 LOOKUPD_VERSION = "1.3.0"
+TOMBSTONE_LIFETIME = 45.0  # seconds, nsqlookupd's --tombstone-lifetime default
 _ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
 
 
@@ -79,6 +81,8 @@ class Lookupd:
         self.peers = [p.strip() for p in peers if p.strip()]
         self.poll_interval = max(0.1, poll_interval)
         self.views: dict[str, NodeView] = {}  # by peer address, only peers that answered
+        # (topic, "broadcast_address:http_port") → when /topic/tombstone was asked
+        self.tombstones: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -158,8 +162,29 @@ class Lookupd:
             raise HttpError(404, "TOPIC_NOT_FOUND")
         return {
             "channels": _union(n.topics[topic] for n in holders),
-            "producers": [_peer_info(n.producer) for n in holders],
+            "producers": [
+                _peer_info(n.producer) for n in holders if not self._tombstoned(topic, n)
+            ],
         }
+
+    def tombstone(self, query: Query) -> None:
+        """nsqlookupd's ``/topic/tombstone?topic=&node=``: for ``TOMBSTONE_LIFETIME``
+        ``/lookup`` leaves that node out of the topic's producers (so consumers stop
+        connecting to it before the topic is deleted there); ``/nodes`` shows it."""
+        topic = _topic(query)
+        node = query.get("node")
+        if node is None:
+            raise HttpError(400, "MISSING_ARG_NODE")
+        now = time.monotonic()
+        self.tombstones = {k: t for k, t in self.tombstones.items() if now - t < TOMBSTONE_LIFETIME}
+        for view in self.nodes():
+            if topic in view.topics and _node_name(view) == node:
+                self.tombstones[(topic, node)] = now
+                log.info("nsq lookupd: tombstone for %s of topic %s", node, topic)
+
+    def _tombstoned(self, topic: str, view: NodeView) -> bool:
+        since = self.tombstones.get((topic, _node_name(view)))
+        return since is not None and time.monotonic() - since < TOMBSTONE_LIFETIME
 
     def topics(self) -> dict[str, Any]:
         return {"topics": _union(list(n.topics) for n in self.nodes())}
@@ -172,8 +197,9 @@ class Lookupd:
         producers = []
         for node in self.nodes():
             topics = sorted(node.topics)
+            tombstones = [self._tombstoned(topic, node) for topic in topics]
             producers.append(
-                {**_peer_info(node.producer), "tombstones": [False] * len(topics), "topics": topics}
+                {**_peer_info(node.producer), "tombstones": tombstones, "topics": topics}
             )
         return {"producers": producers}
 
@@ -187,6 +213,12 @@ def _topic(query: Query) -> str:
     if topic is None:
         raise HttpError(400, "MISSING_ARG_TOPIC")
     return topic
+
+
+def _node_name(view: NodeView) -> str:
+    """How nsqlookupd names a producer in ``/topic/tombstone``'s ``node``."""
+    producer = view.producer
+    return f"{producer.get('broadcast_address', '')}:{producer.get('http_port', 0)}"
 
 
 def _union(lists: Any) -> list[str]:
