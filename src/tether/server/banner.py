@@ -22,6 +22,11 @@ SYNC_MODES = {
     "always": "always (every group commit is fsynced before it is confirmed)",
     "os": "os (the operating system flushes: survives a crash of Tether, not a power loss)",
 }
+# On PostgreSQL a commit is confirmed at its COMMIT: the server's settings decide the rest.
+POSTGRES_SYNC_MODES = {
+    "always": "always (confirmed at PostgreSQL's COMMIT; its synchronous_commit decides the rest)",
+    "os": "os (synchronous_commit = off: survives a crash of Tether, not of PostgreSQL)",
+}
 PROGRESS_EVERY = 1.0  # seconds between two progress lines
 
 
@@ -50,7 +55,9 @@ def announce(cfg: ServerConfig) -> None:
     log.info("  Version:  %s (NATS protocol of nats-server %s)", __version__, NATS_COMPAT_VERSION)
     if cfg.jetstream:
         log.info("  Store:    %s", store_location(cfg.store))
-        log.info("  Sync:     %s", SYNC_MODES.get(cfg.sync, cfg.sync))
+        postgres = cfg.store.partition(":")[0] in ("postgres", "postgresql")
+        modes = POSTGRES_SYNC_MODES if postgres else SYNC_MODES
+        log.info("  Sync:     %s", modes.get(cfg.sync, cfg.sync))
     else:
         log.info("  Store:    none (jetstream = false)")
 
