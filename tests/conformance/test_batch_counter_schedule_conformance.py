@@ -360,3 +360,47 @@ async def test_fast_ingest_batches(peers: Peers) -> None:
     assert ours[:-1] == theirs[:-1]
     assert ours[-1]["error"]["err_code"] == 10052
     assert theirs[-1]["config"]["allow_batched"] is True
+
+
+async def _sourced_counters(url: str) -> list[Any]:
+    """Two counter streams sourced into a counter stream (which adds them up,
+    ``Nats-Counter-Sources``) and into a plain one (which stores the copies as they are)."""
+    nc = await nats.connect(url)
+    try:
+        out: list[Any] = []
+        transforms = [
+            {"name": name, "subject_transforms": [{"src": f"{name.lower()}.>", "dest": "agg.>"}]}
+            for name in ("O1", "O2")
+        ]
+        for name, config in (
+            ("O1", {"name": "O1", "subjects": ["o1.>"], "allow_msg_counter": True}),
+            ("O2", {"name": "O2", "subjects": ["o2.>"], "allow_msg_counter": True}),
+            ("AGG", {"name": "AGG", "allow_msg_counter": True, "sources": transforms}),
+            ("PLAIN", {"name": "PLAIN", "sources": [{"name": "O1"}]}),
+        ):
+            out.append((await request(nc, f"$JS.API.STREAM.CREATE.{name}", config)).get("error"))
+        for subject, incr in (("o1.x", "5"), ("o2.x", "3"), ("o1.x", "2"), ("o2.x", "-1")):
+            out.append(await request(nc, subject, b"", {"Nats-Incr": incr}))
+        for stream, subject, count in (("AGG", "agg.x", 4), ("PLAIN", "o1.x", 2)):
+            for _ in range(100):  # until the sources have copied everything
+                info = await request(nc, f"$JS.API.STREAM.INFO.{stream}")
+                if info["state"]["messages"] >= count:
+                    break
+                await asyncio.sleep(0.1)
+            body = {"last_by_subj": subject}
+            msg = (await request(nc, f"$JS.API.STREAM.MSG.GET.{stream}", body))["message"]
+            head = base64.b64decode(msg["hdrs"]).decode().split("\r\n")
+            # Which source's copy lands last (its Nats-Incr) depends on timing: not kept.
+            wanted = ("Nats-Counter-Sources",) if stream == "AGG" else ("Nats-Incr",)
+            kept = sorted(h for h in head if h.startswith(wanted))
+            out.append((stream, base64.b64decode(msg["data"]), kept))
+        return out
+    finally:
+        await nc.close()
+
+
+async def test_counters_fed_by_sources(peers: Peers) -> None:
+    theirs = await _sourced_counters(peers.nats)
+    ours = await _sourced_counters(peers.tether)
+    assert ours == theirs
+    assert theirs[-2][1] == b'{"val":"9"}'

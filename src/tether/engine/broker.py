@@ -198,6 +198,9 @@ class Broker:
                     break
                 for msg in msgs:
                     values.set(msg.seq, counters.read_value(msg.data))
+                    raw = _header_fields(msg.headers).get(counters.SOURCES)
+                    if raw is not None:
+                        values.sources[msg.seq] = counters.read_sources(raw)
                 seq = msgs[-1].seq + 1
         if cfg.allow_msg_schedules:
             await self._load_schedules(stream)
@@ -646,6 +649,7 @@ class Broker:
         priority = 0
         rollup = ""
         incr: int | None = None
+        sources: counters.Sources | None = None
         schedule: sched.Schedule | None = None
         stop = ""
         ttl = 0
@@ -661,11 +665,25 @@ class Broker:
                 if fields.get(BATCH_ID):
                     self._publish_batched(stream, subject, hdrs, payload, fields, target, replies)
                     return
-                if cfg.allow_msg_counter or counters.INCR in fields:
+                sourced = counters.SOURCED in fields
+                if sourced:
+                    # A copy a source made is stored as it came, but a counter stream
+                    # adds the source's change since its last copy.
+                    if cfg.allow_msg_counter and counters.INCR in fields:
+                        prev = self._counter_values(stream).sources.get(
+                            stream.last_by_subject(subject)
+                        )
+                        incr, sources = counters.sourced_increment(
+                            payload, fields[counters.SOURCED], prev, subject
+                        )
+                        hdrs = counters.with_header(hdrs, counters.INCR, str(incr).encode())
+                elif cfg.allow_msg_counter or counters.INCR in fields:
                     if cfg.allow_msg_counter and MSG_TTL in fields:
                         stream.check_expectations(subject, None, None, None, None, fields[MSG_TTL])
                     incr = counters.check(cfg.allow_msg_counter, fields, payload)
-                if fields.get(sched.SCHEDULE):
+                if sourced:
+                    pass  # schedules are the origin's business
+                elif fields.get(sched.SCHEDULE):
                     schedule = self._check_schedule(stream, subject, fields)
                     if schedule is not None and ROLLUP not in fields:
                         hdrs = sched.with_rollup(hdrs)
@@ -721,6 +739,13 @@ class Broker:
             if incr is not None:
                 total = self._counter_total(stream, subject) + incr
                 payload = counters.body(total)
+                if sources is None:  # what the subject knows of its sources goes on
+                    values = self._counter_values(stream)
+                    sources = values.sources.get(stream.last_by_subject(subject))
+                if sources:
+                    hdrs = counters.with_header(
+                        hdrs, counters.SOURCES, counters.encode_sources(sources)
+                    )
                 if target is not None and replies is None:
                     target = _with_extras(target, val=str(total))
             stream.check_size(len(hdrs), len(payload))
@@ -759,6 +784,8 @@ class Broker:
             self._schedule_expiry()
         if incr is not None:
             self._counter_values(stream).set(seq, counters.read_value(payload))
+            if sources:
+                self._counter_values(stream).sources[seq] = sources
         if schedule is not None:
             schedule.stream = stream.name
             schedule.seq = seq

@@ -21,6 +21,9 @@ import msgspec
 from tether.engine.errors import ApiError
 
 INCR = b"Nats-Incr"
+# A copy made by a stream source, and what a counter stream remembers of its sources.
+SOURCED = b"Nats-Stream-Source"
+SOURCES = b"Nats-Counter-Sources"
 
 # Headers nats-server refuses next to Nats-Incr (a counter's value is not conditional).
 CONFLICTING = (
@@ -107,14 +110,66 @@ def check(counter_stream: bool, fields: dict[bytes, bytes], payload: bytes) -> i
     return incr
 
 
+Sources = dict[str, dict[str, str]]
+
+
+def sourced_increment(
+    payload: bytes, stream_source: bytes, prev: Sources | None, subject: str
+) -> tuple[int, Sources]:
+    """A counter message copied from a source into a counter stream: the change since
+    the last copy from the same source and subject (what ``Nats-Incr`` becomes), and
+    the updated ``Nats-Counter-Sources`` (source -> original subject -> its total)."""
+    value = read_value(payload)
+    if value is None:
+        raise broken()
+    parts = stream_source.decode(errors="replace").split(" ")
+    source = parts[0]
+    original = parts[4] if len(parts) > 4 else subject
+    known = dict(prev or {})
+    per_subject = dict(known.get(source, {}))
+    before = parse_increment(per_subject.get(original, "0").encode())
+    if before is None:
+        raise broken()
+    per_subject[original] = str(value)
+    known[source] = per_subject
+    return value - before, known
+
+
+def read_sources(raw: bytes) -> Sources | None:
+    """A ``Nats-Counter-Sources`` value, or None if it is not valid JSON of that shape."""
+    try:
+        doc = msgspec.json.decode(raw, type=dict[str, dict[str, str]])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return doc
+
+
+def encode_sources(sources: Sources) -> bytes:
+    return msgspec.json.encode(sources)
+
+
+def with_header(headers: bytes, name: bytes, value: bytes) -> bytes:
+    """``headers`` with ``name`` set to ``value`` (replacing the first one, else added)."""
+    lines = headers.split(b"\r\n")[:-2] if headers else [b"NATS/1.0"]
+    for i, line in enumerate(lines[1:], 1):
+        if line.partition(b":")[0].strip() == name:
+            lines[i] = name + b": " + value
+            break
+    else:
+        lines.append(name + b": " + value)
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
 class CounterValues:
     """The total held by each live message of one counter stream (seq -> value, None
-    for a message that is not a valid counter body)."""
+    for a message that is not a valid counter body), and the sources' totals it
+    carries (``Nats-Counter-Sources``) when it has them."""
 
-    __slots__ = ("values",)
+    __slots__ = ("sources", "values")
 
     def __init__(self) -> None:
         self.values: dict[int, int | None] = {}
+        self.sources: dict[int, Sources | None] = {}
 
     def set(self, seq: int, value: int | None) -> None:
         self.values[seq] = value
@@ -130,3 +185,4 @@ class CounterValues:
         (``alive(seq)`` tells whether one is)."""
         if len(self.values) > 2 * live + 64:
             self.values = {s: v for s, v in self.values.items() if alive(s)}
+            self.sources = {s: v for s, v in self.sources.items() if alive(s)}
