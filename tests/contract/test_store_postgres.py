@@ -121,3 +121,26 @@ async def test_an_unreachable_server_is_a_clear_error(postgres_server: PostgresS
         await PostgresStore(url).open()
     assert "cannot connect to PostgreSQL at postgresql://tether:***@127.0.0.1" in str(caught.value)
     assert "pw" not in str(caught.value)
+
+
+@pytest.mark.postgres
+async def test_a_value_postgresql_cannot_hold_is_refused_alone(database: str) -> None:
+    store = PostgresStore(database)
+    await store.open()
+    heard: list[dict[str, dict[int, str]]] = []
+
+    def refused(by_stream: dict[str, dict[int, str]]) -> None:
+        heard.append(by_stream)
+        for name, seqs in by_stream.items():
+            store.withdraw(name, min(seqs))
+
+    store.on_refused(refused)
+    try:
+        store.append("s", msg(1, "fine"))
+        await store.append("s", msg(2, "nul\x00in.text"))  # text cannot hold NUL
+        assert list(heard[0]["s"]) == [2] and "0x00" in heard[0]["s"][2]
+        assert [m.seq for m in await store.load_index("s")] == [1]
+        await store.append("s", msg(2, "fine"))
+        assert [m.seq for m in await store.load_index("s")] == [1, 2]
+    finally:
+        await store.close()

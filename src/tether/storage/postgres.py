@@ -341,11 +341,67 @@ class _Writer:
                 f"commit to PostgreSQL at {redact(self.url)} failed and was rolled back: {exc}"
             ) from exc
 
+    def find_culprits(self, ops: list[Op], error: BaseException) -> list[tuple[int, str]]:
+        """The ops that cannot be stored (see ``Isolating``), found by bisection: runs of
+        ops are applied in savepoints of a transaction that is always rolled back; a
+        run that fails on a value is split in two. Nothing is to blame when the failure
+        is not about a value (a lost connection, fencing, a full disk)."""
+        if not _about_a_value(error):
+            return []
+        found: list[tuple[int, str]] = []
+        pg = require_psycopg()
+
+        def probe(conn: psycopg.Connection[Any], lo: int, hi: int) -> bool:
+            """Apply ops[lo:hi] in a savepoint; False: give up."""
+            try:
+                with conn.transaction():
+                    txn = _Transaction(conn)
+                    txn.apply(ops[lo:hi])
+                    txn.finish()
+            except Exception as exc:
+                if not _about_a_value(exc):
+                    return False
+                if hi - lo == 1:
+                    found.append((lo, _reason(exc)))
+                    return True
+                mid = (lo + hi) // 2
+                return probe(conn, lo, mid) and probe(conn, mid, hi)
+            return True
+
+        try:
+            conn = self.connection
+            with conn.transaction(force_rollback=True):
+                if not probe(conn, 0, len(ops)):
+                    return []
+        except (pg.Error, StorageError):
+            return []
+        return found
+
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _about_a_value(error: BaseException) -> bool:
+    """Whether a failed write is to blame on a value it carried (a subject PostgreSQL's
+    text cannot hold, a number too large for its column), not on the store."""
+    if isinstance(error, Fenced):
+        return False
+    if isinstance(error, StorageError):
+        if error.__cause__ is None:
+            return False
+        error = error.__cause__
+    pg = require_psycopg()
+    if isinstance(error, pg.Error):
+        return isinstance(error, pg.DataError)
+    return isinstance(error, UnicodeError | OverflowError | ValueError | TypeError)
+
+
+def _reason(error: BaseException) -> str:
+    """An error's first line (PostgreSQL adds a CONTEXT line)."""
+    return str(error).split("\n", 1)[0]
 
 
 class _Transaction:
