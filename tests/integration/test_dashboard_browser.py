@@ -128,6 +128,15 @@ async def test_overview_loads_and_updates(server: RunningServer, browser: Any) -
         await _eventually(grew)
         assert await page.locator("#main").get_attribute("data-updated") != stamp
         assert "sqlite:///" in await _text(page, '[data-card="Store"] .value')
+        # A few seconds of traffic, so that the sparklines in the screenshot have a shape.
+        sub = await js.pull_subscribe("overview.a", durable="reports", stream="OVERVIEW")
+        for burst in range(8):
+            for i in range(20 + 15 * burst):
+                await js.publish("overview.a", b"y%d" % i)
+            for msg in await sub.fetch(10 + 5 * burst, timeout=5):
+                await msg.ack()
+            await asyncio.sleep(0.5)
+        await _eventually(lambda: _is(page.locator('[data-card="Consumers"] .value'), "1"))
         assert not page.js_errors
         await _shot(page, "dashboard-overview")
     finally:
@@ -245,11 +254,26 @@ async def test_dead_jobs_page(server: RunningServer, browser: Any) -> None:
             },
         )
         assert r.is_success, r.text
-    page = await _page(browser, server.http_url + "/ui/#/jobs")
-    await page.locator('tr[data-job-consumer="mailer"]').wait_for()
-    assert "pull" in await page.locator('tr[data-job-consumer="mailer"]').inner_text()
-    await _shot(page, "dashboard-jobs")
-    assert not page.js_errors
+        # The job goes in flight, then the consumer gives up on it: a dead job.
+        tokens = {"x-broker-channel-token": "ct", "x-broker-consumer-token": "kt"}
+        base = "/channel/shop/consumer/mailer"
+        jobs = (await http.get(base + "/queued-jobs", headers=tokens)).json()["Result"]
+        job = jobs[0]["ID"]
+        for state in ("INFLIGHT", "DEAD"):
+            r = await http.post(f"{base}/job/{job}", json={"NextState": state}, headers=tokens)
+            assert r.is_success, r.text
+        page = await _page(browser, server.http_url + "/ui/#/jobs")
+        row = page.locator('tr[data-job-consumer="mailer"]')
+        await row.wait_for()
+        assert "pull" in await row.inner_text()
+        dead = page.locator(f'[data-job="{job}"]')
+        await dead.wait_for()
+        await _shot(page, "dashboard-jobs")
+        await dead.get_by_role("button", name="Requeue").click()
+        await dead.wait_for(state="detached")
+        jobs = (await http.get(base + "/queued-jobs", headers=tokens)).json()["Result"]
+        assert [j["ID"] for j in jobs] == [job]
+        assert not page.js_errors
 
 
 async def test_nsq_and_connections_pages(server: RunningServer, browser: Any) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import heapq
 import hmac
 import logging
 import secrets
@@ -347,6 +348,14 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
                     "ack_pending": sum(c.num_ack_pending for c in consumers),
                     "dead": sum(len(c.state.dead) for c in consumers),
                     "delivered_total": sum(c.dseq for c in consumers),
+                    # What an operator asks first: who is furthest behind, what is dead.
+                    "behind": [
+                        consumer_row(c)
+                        for c in heapq.nlargest(
+                            10, consumers, key=lambda c: (c.num_pending, len(c.state.dead))
+                        )
+                        if c.num_pending or c.state.dead
+                    ],
                 }
             )
         return _json(body)

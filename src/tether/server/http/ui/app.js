@@ -82,12 +82,14 @@ function rates(list) {
   return out;
 }
 function spark(values, height = 40, cls = "") {
+  // A short history fills a quarter of the width at least, then grows to HISTORY.
+  const width = Math.max(values.length, HISTORY / 4);
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("viewBox", `0 0 ${HISTORY} ${height}`);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
   svg.setAttribute("preserveAspectRatio", "none");
   if (cls) svg.setAttribute("class", cls);
   const max = Math.max(1, ...values);
-  const pts = values.map((v, i) => `${HISTORY - values.length + i},${height - 2 - (v / max) * (height - 4)}`);
+  const pts = values.map((v, i) => `${width - values.length + i},${height - 2 - (v / max) * (height - 4)}`);
   const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
   line.setAttribute("points", pts.join(" "));
   line.setAttribute("fill", "none");
@@ -173,11 +175,16 @@ async function overview() {
       card("Slow consumers", fmt(o.slow_consumers)),
       card("NATS in / out (msgs)", `${fmt(o.in_msgs)} / ${fmt(o.out_msgs)}`, null, true),
     ),
+    h("h2", {}, "Furthest behind"),
+    (o.behind || []).length
+      ? table([["Stream"], ...CONSUMER_HEADERS], consumerRows(o.behind, true))
+      : h("p", { class: "muted" }, "No consumer is behind and nothing is dead."),
   ];
 }
 
-function consumerRows(list) {
+function consumerRows(list, withStream = false) {
   return list.map((c) => h("tr", { class: c.pending > 0 ? "lagging" : null, "data-consumer": c.name },
+    withStream ? h("td", {}, h("a", { href: `#/stream/${encodeURIComponent(c.stream)}` }, c.stream)) : null,
     h("td", {}, h("a", { href: `#/consumer/${encodeURIComponent(c.stream)}/${encodeURIComponent(c.name)}` }, c.name)),
     h("td", {}, c.pull ? "pull" : "push"),
     h("td", { class: "num lag" }, fmt(c.pending)),
