@@ -353,3 +353,29 @@ async def test_postgresql_restarted_under_load(
         assert "Traceback" not in node.log
     finally:
         node.stop()
+
+
+async def test_tether_client_follows_the_takeover(pair: tuple[Node, Node]) -> None:
+    """Tether's own client, given both URLs, publishes on through a kill -9."""
+    from tether.client import connect
+
+    a, b = pair
+    await _start_pair(a, b)
+    nc = await connect([a.url, b.url], randomize=False, max_reconnect_attempts=-1)
+    try:
+        js = nc.jetstream(timeout=2)
+        await js.add_stream(name="CLIENT", subjects=["client.>"])
+        assert (await js.publish("client.x", b"1", msg_id="1")).seq == 1
+        a.signal(signal.SIGKILL)
+        acked = None
+        deadline = time.monotonic() + 20
+        while acked is None and time.monotonic() < deadline:
+            try:
+                acked = await js.publish("client.x", b"2", msg_id="2")
+            except Exception:  # reconnecting, no responders: the next try
+                await asyncio.sleep(0.05)
+        assert acked is not None and acked.seq == 2
+        assert nc.connected_address is not None and str(b.port) in nc.connected_address
+        assert (await js.stream_info("CLIENT")).state.messages == 2
+    finally:
+        await nc.close()
