@@ -35,8 +35,17 @@ directories that are removed afterwards.
     .venv/bin/python benchmarks/js_publish.py --repeat 3 # median and best of 3 runs
     .venv/bin/python benchmarks/js_publish.py --load raw --atomic-batch 100  # atomic batches
     .venv/bin/python benchmarks/js_publish.py --store postgres   # and Tether on PostgreSQL
+    .venv/bin/python benchmarks/js_publish.py --load raw --ttl   # Nats-TTL on every message
+    .venv/bin/python benchmarks/js_publish.py --load raw --ttl --ttl-live 1000000
     .venv/bin/python benchmarks/js_publish.py --server tether --load raw \\
         --tether-wrapper ".venv/bin/py-spy record -r 200 -f raw -o /tmp/t.txt --"
+
+With ``--ttl`` (stream ``allow_msg_ttl``) two more raw loads follow ``raw``: ``hdr``,
+every PUB an HPUB with a header as long as a TTL's (``X-Pad: 1h``), and ``ttl``, every
+message with ``Nats-TTL: 1h`` (alive for the whole run: each one a live TTL the server
+tracks); ``--ttl-live N`` first stores N such messages (``ttl-fill``, not compared), so the
+three run with N live TTLs. The report gives ``ttl`` against ``raw`` (the target:
+at most 1.3x its cost) and against ``hdr`` (what the TTL itself costs), per server.
 
 The report gives each measurement's rate, the server's CPU per message (steadier than
 the rate on a shared machine), the CPU used by client, server and everything else, and
@@ -93,6 +102,14 @@ POSTGRES_TARGET = 30_000
 CONNECT = connect_frame("js_publish")
 # Atomic batches (--atomic-batch): messages/s in batches / raw acked publishes/s, Tether.
 ATOMIC_TARGET = 0.5
+# --ttl: a publish with Nats-TTL costs at most this many times a plain one (Tether).
+TTL_TARGET = 1.3
+# The header blocks of the --ttl loads: a TTL, and a header of the same size without one.
+TTL_HEADERS = {
+    "ttl": b"NATS/1.0\r\nNats-TTL: 1h\r\n\r\n",
+    "ttl-fill": b"NATS/1.0\r\nNats-TTL: 1h\r\n\r\n",
+    "hdr": b"NATS/1.0\r\nX-Pad-Ab: 1h\r\n\r\n",
+}
 
 
 # -- frame parsing -----------------------------------------------------------------------------
@@ -177,19 +194,30 @@ class Result:
     error: str = ""
 
 
-def raw_publish(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
-    """Pipelined PUBs with reply inboxes; at most ``window`` unacked. Fills a Result."""
-    res = Result("raw", "", n)
+def raw_publish(
+    port: int, n: int, opts: dict[str, Any], cap: float, load: str = "raw", headers: bytes = b""
+) -> Result:
+    """Pipelined PUBs (HPUBs with ``headers``) with reply inboxes; at most ``window``
+    unacked. Fills a Result."""
+    res = Result(load, "", n)
     size, window, batch_n, stall = opts["size"], opts["window"], opts["batch"], opts["stall"]
     payload = b"x" * size
     batches: list[tuple[bytes, int]] = []
     subj = SUBJECT.encode()
+    hlen = len(headers)
     for first in range(0, n, batch_n):
         k = min(batch_n, n - first)
-        data = b"".join(
-            b"PUB %s _INBOX.bench.%d %d\r\n%s\r\n" % (subj, i, size, payload)
-            for i in range(first, first + k)
-        )
+        if headers:
+            data = b"".join(
+                b"HPUB %s _INBOX.bench.%d %d %d\r\n%s%s\r\n"
+                % (subj, i, hlen, hlen + size, headers, payload)
+                for i in range(first, first + k)
+            )
+        else:
+            data = b"".join(
+                b"PUB %s _INBOX.bench.%d %d\r\n%s\r\n" % (subj, i, size, payload)
+                for i in range(first, first + k)
+            )
         batches.append((data, k))
     counter = AckCounter()
     conn = subscribed(port, b"_INBOX.bench.*", counter.on_msg, stall)
@@ -370,7 +398,7 @@ def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any
 # -- nats-py -------------------------------------------------------------------------------
 
 
-async def setup_stream(url: str, atomic: bool = False) -> None:
+async def setup_stream(url: str, atomic: bool = False, ttl: bool = False) -> None:
     import nats
     from nats.js.api import StorageType, StreamConfig
 
@@ -384,6 +412,7 @@ async def setup_stream(url: str, atomic: bool = False) -> None:
                 storage=StorageType.FILE,
                 allow_direct=True,
                 allow_atomic=atomic or None,
+                allow_msg_ttl=ttl or None,
             )
         )
     finally:
@@ -454,6 +483,8 @@ def measure(
     try:
         if load == "raw":
             res = raw_publish(srv.port, n, opts, cap)
+        elif load in TTL_HEADERS:
+            res = raw_publish(srv.port, n, opts, cap, load, TTL_HEADERS[load])
         elif load == "atomic":
             res = raw_atomic(srv.port, n, opts, cap)
         elif load == "nats-py":
@@ -500,12 +531,15 @@ def run_server(name: str, rep: int, opts: dict[str, Any]) -> list[Result]:
         "nats-py": (opts["sync_messages"] if sync else opts["nats_py_messages"]),
         "read": opts["read_messages"],
         "atomic": (opts["sync_messages"] if sync else opts["messages"]),
+        "hdr": (opts["sync_messages"] if sync else opts["messages"]),
+        "ttl": (opts["sync_messages"] if sync else opts["messages"]),
+        "ttl-fill": opts["ttl_live"],
     }
     cap = opts["sync_cap"] if sync else opts["timeout"]
     results: list[Result] = []
     try:
         with _start(name, opts) as srv:
-            run_async(setup_stream(srv.url, opts["atomic_batch"] > 0), "asyncio")
+            run_async(setup_stream(srv.url, opts["atomic_batch"] > 0, bool(opts["ttl"])), "asyncio")
             acked = 0
             for load in opts["loads"]:
                 res = measure(load, name, srv, opts, counts[load], cap)
@@ -555,7 +589,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     """Per load and server: median and best rate over the repeats, server CPU per
     message (median), the 1-minute load average and the CPU others used meanwhile."""
     table: dict[str, dict[str, Any]] = {}
-    for load in (*LOADS, "atomic"):
+    for load in (*LOADS, "atomic", "hdr", "ttl-fill", "ttl"):
         row: dict[str, Any] = {}
         for name in SERVERS:
             ok = [r for r in results if r.load == load and r.server == name and not r.error]
@@ -629,6 +663,7 @@ def print_table(summary: dict[str, Any], opts: dict[str, Any]) -> None:
             line += f"  target >= {target:g}x: {'met' if r['met_median'] else 'MISSED'}"
         line += f"  (server CPU per message: tether {r['cpu_ratio']:.2f}x)"
         print(line)
+    print_ttl(summary, opts)
     atomic, raw = summary["rates"].get("atomic", {}), summary["rates"].get("raw", {})
     for name in SERVERS:
         if name in atomic and name in raw:
@@ -640,6 +675,31 @@ def print_table(summary: dict[str, Any], opts: dict[str, Any]) -> None:
             if name == "tether":
                 line += f"  target >= {ATOMIC_TARGET:g}x: {'met' if ratio >= ATOMIC_TARGET else 'MISSED'}"
             print(line)
+
+
+def print_ttl(summary: dict[str, Any], opts: dict[str, Any]) -> None:
+    """--ttl: each server's cost of a publish with Nats-TTL, against a plain one (``raw``)
+    and one with a header of the same size (``hdr``): rate ratios and CPU per message."""
+    rates = summary["rates"]
+    ttl, raw, hdr = rates.get("ttl", {}), rates.get("raw", {}), rates.get("hdr", {})
+    live = f" with {opts['ttl_live']:,} live TTLs" if opts.get("ttl_live") else ""
+    for name in SERVERS:
+        if name not in ttl or name not in raw:
+            continue
+        cost = raw[name]["median"] / ttl[name]["median"]
+        cpu = ttl[name]["server_us_per_msg"] / raw[name]["server_us_per_msg"]
+        line = (
+            f"ttl      {name:17} {ttl[name]['median']:,.0f} msg/s{live}: cost {cost:.2f}x "
+            f"plain (CPU/msg {cpu:.2f}x)"
+        )
+        if name in hdr:
+            line += f", {hdr[name]['median'] / ttl[name]['median']:.2f}x a same-size header"
+        if name == "tether":
+            # Judged on CPU per message: rates on a shared machine swing more than this.
+            line += (
+                f"  target <= {TTL_TARGET:g}x (CPU/msg): {'met' if cpu <= TTL_TARGET else 'MISSED'}"
+            )
+        print(line)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -691,6 +751,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also Tether on PostgreSQL: postgresql://USER:PASS@HOST/DB (its tether_* tables"
         " are dropped) or 'postgres' (a throwaway local server)",
     )
+    p.add_argument(
+        "--ttl",
+        action="store_true",
+        help="after raw, publish with a same-size header (hdr) and with Nats-TTL (ttl) on a"
+        " stream with allow_msg_ttl, and compare their cost with plain publishing",
+    )
+    p.add_argument(
+        "--ttl-live",
+        type=int,
+        default=0,
+        help="with --ttl: first store N messages with a 1 h TTL, so ttl runs with N live TTLs",
+    )
     args = cli.parse(argv)
     if args.store and not _postgres.is_postgres(args.store):
         p.error("--store: expected postgresql://USER:PASS@HOST/DB or 'postgres'")
@@ -701,6 +773,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not loads:
         p.error(f"--load: unknown load(s) {unknown}; choose from {', '.join(LOADS)}")
     args.loads = tuple(x for x in LOADS if x in loads)
+    if args.ttl:
+        # The fill first, so that raw, hdr and ttl all publish onto a stream of the same
+        # size (holding the live TTLs).
+        fill = ("ttl-fill",) if args.ttl_live > 0 else ()
+        rest = tuple(x for x in args.loads if x != "raw")
+        args.loads = (*fill, "raw", "hdr", "ttl", *rest)
     if args.atomic_batch > 0:
         args.loads += ("atomic",)
     return args

@@ -22,7 +22,8 @@ from tether.engine.clock import FakeClock
 from tether.engine.errors import ApiError
 from tether.engine.streams.expiry import SLOT_NS, MessageTTLs, go_duration, marker_headers
 from tether.engine.streams.republish import check_republish, republished
-from tether.storage.base import StoredMessage
+from tether.storage.base import StorageError, StoredMessage
+from tether.storage.group_commit import Batch
 from tether.storage.memory import MemoryStore
 from tether.storage.sqlite import SqliteStore
 
@@ -92,10 +93,23 @@ def test_the_wheel_pops_due_slots_only_never_early() -> None:
     assert len(ttls) == 3
     assert ttls.next_due() == t0 + NS
     assert ttls.due(t0 + NS - 1) == []  # 3 is not due yet: neither is its slot
-    assert ttls.due(t0 + NS) == [(2, t0 + NS - SLOT_NS // 2), (3, t0 + NS - 1)]
+    assert ttls.due(t0 + NS) == [2, 3]
     assert ttls.next_due() == t0 + 5 * NS
-    assert ttls.due(t0 + 10 * NS) == [(1, t0 + 5 * NS)]
+    assert ttls.due(t0 + 10 * NS) == [1]
     assert ttls.next_due() == 0 and len(ttls) == 0
+
+
+def test_a_sequence_given_back_is_not_expired_by_its_old_entry() -> None:
+    ttls = MessageTTLs()
+    ttls.add(7, 10 * NS, durable_seq=6)
+    ttls.forget(7)  # a failed commit: 7 is given again, to a message with a later TTL
+    ttls.add(7, 20 * NS, durable_seq=6)
+    assert ttls.due(10 * NS) == []
+    assert ttls.due(20 * NS) == [7]
+    # A sequence given back without an entry does not hide the next one's.
+    ttls.forget(8)
+    ttls.add(8, 30 * NS, durable_seq=7)
+    assert ttls.due(30 * NS) == [8]
 
 
 @pytest.mark.parametrize(
@@ -369,3 +383,39 @@ async def test_a_long_ttl_does_not_hold_up_a_new_streams_max_age(
     clock.advance(1.5)
     assert live(broker, "A") == []
     assert live(broker, "T") == [1]
+
+
+async def test_a_failed_commit_gives_back_a_ttl_without_expiring_the_next_message(
+    clock: FakeClock,
+) -> None:
+    class Flaky(MemoryStore):
+        full = False
+
+        def _hand_off(self, batch: Batch) -> None:
+            if self.full:
+                self._group.settle(batch, StorageError("database or disk is full"))
+            else:
+                super()._hand_off(batch)
+
+    store = Flaky()
+    await store.open()
+    broker = Broker(store, clock)
+    await broker.load()
+    try:
+        await broker.create_stream("S", body(name="S", subjects=["s.>"], allow_msg_ttl=True))
+        pub = Publisher(broker)
+        store.full = True
+        pub("S", "s.a", Nats_TTL="1s")
+        with pytest.raises(StorageError):
+            await store.flush()
+        pub.results.clear()
+        store.full = False
+        pub("S", "s.b", Nats_TTL="10s")  # stored at the sequence given back
+        assert await pub.settle() == [PubAck("S", 1)]
+        clock.advance(2)
+        assert live(broker, "S") == [1]
+        clock.advance(9)
+        assert live(broker, "S") == []
+    finally:
+        broker.close()
+        await store.close()

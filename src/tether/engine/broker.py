@@ -778,7 +778,11 @@ class Broker:
         tick.appended.append((stream, seq, seq, msg_id))
         if stream.name not in tick.first_seq:
             tick.first_seq[stream.name] = seq
-        if target is not None:
+        if target is not None and (
+            replies is None or not self._merge_waiter(tick, target, stream.name, seq, replies)
+        ):
+            # One waiter per publish, unless it continues the last one's run (a publisher
+            # sending messages with headers one by one is answered as a run all the same).
             tick.waiters.append((target, stream.name, seq, replies, False))
         if cfg.max_age and not self._expiry_timer:
             self._schedule_expiry()
@@ -1394,7 +1398,7 @@ class Broker:
             ttls.forever.add(seq)
             return
         deadline = ts + ttl * NS
-        ttls.add(seq, deadline)
+        ttls.add(seq, deadline, stream.durable_seq if live else None)
         if live and (self._expiry_timer is None or deadline < self._expiry_at):
             self._schedule_expiry()
 

@@ -7,7 +7,10 @@ popping the slots that are due: never a scan of the stream. A slot is due once i
 whole span has passed, so a message expires at most one slot late, never early.
 
 Entries are not removed when their message goes earlier (deleted, purged, evicted): a
-due sequence that is no longer live, or that now holds another message, is skipped.
+due sequence that is no longer live is skipped. A slot holds bare sequences (about 36
+bytes per live TTL); a sequence given back by a failed commit and used again is in
+:attr:`MessageTTLs.forgotten` until its old entry comes due, so the new message is never
+expired early by the old one's deadline.
 Messages with ``Nats-TTL: never`` are kept apart (:attr:`MessageTTLs.forever`): they
 are exempt from ``max_age`` too. Nothing here is persisted: the TTLs are read back
 from the stored headers when a stream loads (see :func:`ttl_of_headers`).
@@ -28,28 +31,46 @@ MARKER_REASON = b"Nats-Marker-Reason"
 class MessageTTLs:
     """The live per-message deadlines of one stream."""
 
-    __slots__ = ("_heap", "_slots", "forever", "markers")
+    __slots__ = ("_heap", "_slots", "_unsettled", "forever", "forgotten", "markers")
 
     def __init__(self) -> None:
-        # slot key (deadline // SLOT_NS, rounded up) -> [(seq, deadline ns)]
-        self._slots: dict[int, list[tuple[int, int]]] = {}
+        # slot key (deadline // SLOT_NS, rounded up) -> sequences due in it
+        self._slots: dict[int, list[int]] = {}
         self._heap: list[int] = []
         # Sequences with ``Nats-TTL: never`` (not removed by max_age).
         self.forever: set[int] = set()
         # Sequences holding a subject delete marker (their expiry leaves no marker).
         self.markers: set[int] = set()
+        # Sequences given back (a failed commit) while an entry of theirs is in a slot.
+        self.forgotten: set[int] = set()
+        # Sequences added whose commit may not have landed yet (only these can be given
+        # back): pruned as commits land.
+        self._unsettled: set[int] = set()
 
     def __len__(self) -> int:
         return sum(len(slot) for slot in self._slots.values())
 
-    def add(self, seq: int, deadline: int) -> None:
-        """``seq`` expires at ``deadline`` (ns since the epoch)."""
+    def add(self, seq: int, deadline: int, durable_seq: int | None = None) -> None:
+        """``seq`` expires at ``deadline`` (ns since the epoch). ``durable_seq``: the
+        stream's highest committed sequence, for a message not committed yet."""
+        if durable_seq is not None:
+            unsettled = self._unsettled
+            if len(unsettled) >= 1024:
+                self._unsettled = unsettled = {s for s in unsettled if s > durable_seq}
+            unsettled.add(seq)
         key = -(-deadline // SLOT_NS)
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = []
             heapq.heappush(self._heap, key)
-        slot.append((seq, deadline))
+        slot.append(seq)
+
+    def forget(self, seq: int) -> None:
+        """``seq`` is given back: its entry, if any, must not expire what comes next."""
+        self.discard(seq)
+        if seq in self._unsettled:
+            self._unsettled.discard(seq)
+            self.forgotten.add(seq)
 
     def discard(self, seq: int) -> None:
         """``seq`` is gone: forget its kind (its deadline is skipped when due)."""
@@ -60,14 +81,23 @@ class MessageTTLs:
         """When the next slot is due (ns), or 0 if none."""
         return self._heap[0] * SLOT_NS if self._heap else 0
 
-    def due(self, now: int) -> list[tuple[int, int]]:
-        """Pop every entry whose slot has passed at ``now``: (seq, deadline), in slot
-        order. Whether each is still the live message is for the caller to check."""
-        out: list[tuple[int, int]] = []
+    def due(self, now: int) -> list[int]:
+        """Pop every sequence whose slot has passed at ``now``, in slot order (whether
+        each is still live is for the caller to check)."""
+        out: list[int] = []
         heap = self._heap
         limit = now // SLOT_NS
         while heap and heap[0] <= limit:
             out += self._slots.pop(heapq.heappop(heap))
+        forgotten = self.forgotten
+        if forgotten:
+            kept = []
+            for seq in out:
+                if seq in forgotten:
+                    forgotten.discard(seq)  # the entry of the message given back
+                else:
+                    kept.append(seq)
+            out = kept
         return out
 
     def clear(self) -> None:
@@ -75,6 +105,8 @@ class MessageTTLs:
         self._heap.clear()
         self.forever.clear()
         self.markers.clear()
+        self.forgotten.clear()
+        self._unsettled.clear()
 
 
 def header_value(block: bytes, name: bytes) -> bytes | None:

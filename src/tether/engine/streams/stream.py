@@ -12,6 +12,7 @@ import bisect
 import re
 from collections import deque
 from collections.abc import Iterable, Iterator
+from functools import lru_cache
 from typing import Any
 
 from tether.engine import errors
@@ -307,7 +308,7 @@ class Stream:
             raise errors.expected_stream_mismatch()
         ttl = 0
         if msg_ttl:
-            parsed = message_ttl(msg_ttl.decode(errors="replace"))
+            parsed = _ttl_header(msg_ttl)
             if parsed is None:
                 raise errors.msg_ttl_invalid()
             if parsed and not self.config.allow_msg_ttl:
@@ -491,9 +492,9 @@ class Stream:
         was_marker: set[int] = set()
         if ttls.next_due() and ttls.next_due() <= now:
             msgs = self._msgs
-            for seq, deadline in ttls.due(now):
+            for seq in ttls.due(now):
                 meta = msgs.get(seq)
-                if meta is not None and meta.ts < deadline:
+                if meta is not None:
                     out.append(meta)
                     if seq in markers:
                         was_marker.add(seq)
@@ -557,7 +558,7 @@ class Stream:
         (as after a restart), whatever order the failed commits are reported in.
         """
         self.remove(seq)
-        self.ttls.discard(seq)
+        self.ttls.forget(seq)
         if seq < self._age_from:
             self._age_from = seq
         if msg_id:
@@ -658,6 +659,12 @@ def message_ttl(value: str) -> int | None:
         # value as digits, which it is not: invalid either way.
         return None if total < 10**9 or total > INT64_MAX else int(total // 10**9)
     return parse_uint(value.encode())
+
+
+@lru_cache(maxsize=512)
+def _ttl_header(raw: bytes) -> int | None:
+    # Publishers repeat a handful of TTLs: parse each once, not once per message.
+    return message_ttl(raw.decode(errors="replace"))
 
 
 INT64_MIN = -(1 << 63)

@@ -1,0 +1,111 @@
+"""nats.js (the ``@nats-io`` v3 packages) against ``tether serve``: a KV bucket with
+``markerTTL`` (subject delete markers) whose key created with a TTL expires and reaches a
+watcher as a ``PURGE``, and a stream's ``republish``. The packages are installed with npm
+into a temporary directory; without node or npm the test is skipped, unless ``CI`` is set."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from tether.testing import RunningServer, run_server
+
+PACKAGES = ["@nats-io/transport-node", "@nats-io/jetstream", "@nats-io/kv"]
+
+SCRIPT = r"""
+const { connect } = require('@nats-io/transport-node')
+const { Kvm } = require('@nats-io/kv')
+const { jetstreamManager, jetstream } = require('@nats-io/jetstream')
+
+const done = (result) => { console.log(JSON.stringify(result)); process.exit(0) }
+setTimeout(() => done({ error: 'timeout' }), 20000)
+
+async function main (url) {
+  const nc = await connect({ servers: url })
+  const out = {}
+  // A KV bucket with delete markers and a key with its own TTL.
+  const kv = await new Kvm(nc).create('SESS', { markerTTL: 1000 })
+  out.markerTTL = (await kv.status()).markerTTL
+  const ops = []
+  const watch = await kv.watch()
+  await kv.create('user', 'token', '1s')
+  await kv.put('kept', 'v')
+  for await (const e of watch) {
+    ops.push([e.key, e.operation])
+    if (e.key === 'user' && e.operation === 'PURGE') break
+  }
+  out.ops = ops
+  out.gone = (await kv.get('user')) === null || (await kv.get('user')).operation !== 'PUT'
+  out.kept = (await kv.get('kept')).string()
+  // Republish.
+  const jsm = await jetstreamManager(nc)
+  await jsm.streams.add({ name: 'R', subjects: ['r.>'], republish: { src: 'r.>', dest: 'out.>' } })
+  const sub = nc.subscribe('out.>', { max: 1 })
+  await jetstream(nc).publish('r.a', 'one')
+  for await (const m of sub) {
+    out.republished = [m.subject, m.headers.get('Nats-Stream'), m.headers.get('Nats-Sequence'),
+      m.headers.get('Nats-Last-Sequence'), m.string()]
+  }
+  await nc.close()
+  done(out)
+}
+main(process.argv[2]).catch((err) => done({ error: String(err) }))
+"""
+
+
+def _missing(why: str) -> NoReturn:
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI is set: nats.js must be tested)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def natsjs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        _missing("node and npm are needed to test nats.js")
+    where = tmp_path_factory.mktemp("natsjs")
+    (where / "package.json").write_text('{"name": "natsjs-check", "private": true}')
+    done = subprocess.run(
+        [str(npm), "install", "--no-audit", "--no-fund", "--silent", *PACKAGES],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        _missing(f"npm install of nats.js failed: {done.stderr.strip()[-500:]}")
+    (where / "check.js").write_text(SCRIPT)
+    yield where
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with run_server() as srv:
+        yield srv
+
+
+def test_natsjs_kv_key_ttl_markers_and_republish(natsjs: Path, server: RunningServer) -> None:
+    done = subprocess.run(
+        ["node", "check.js", server.url],
+        cwd=natsjs,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "error" not in result, result
+    assert result["markerTTL"] == 1000
+    assert result["ops"] == [["user", "PUT"], ["kept", "PUT"], ["user", "PURGE"]]
+    assert result["gone"] is True and result["kept"] == "v"
+    assert result["republished"] == ["out.a", "R", "1", "0", "one"]
