@@ -34,6 +34,8 @@ log = logging.getLogger("tether.sourcing")
 
 JS_API = "$JS.API."
 FLOW_CONTROL = "$JS.FC.>"
+# Reply subjects remembered for requests from the other server.
+MAX_REPLIES = 10_000
 
 
 def parse_exports(entries: list[str]) -> list[tuple[str, list[str]]]:
@@ -80,6 +82,8 @@ class ApiExport:
         if reply:
             token = str(next(self._tokens))
             self._replies[token] = reply
+            if len(self._replies) > MAX_REPLIES:
+                del self._replies[next(iter(self._replies))]
             inbox = f"{self._inbox}.{token}"
         self.router.publish(None, JS_API + operation, inbox, hdr, payload)
 
@@ -112,9 +116,11 @@ class ApiExport:
 
     # -- to the other server ---------------------------------------------------------------------
     def _on_reply(self, subject: str, reply: str, hdr: bytes | None, payload: bytes) -> None:
-        to = self._replies.pop(subject.rpartition(".")[2], "")
+        # Kept, not popped: a pull request is answered by many messages on one reply
+        # subject (each with its ack reply); the oldest go once there are too many.
+        to = self._replies.get(subject.rpartition(".")[2], "")
         if to:
-            self._forward(to, "", hdr, payload)
+            self._forward(to, reply, hdr, payload)
 
     def _forward(self, subject: str, reply: str, hdr: bytes | None, payload: bytes) -> None:
         if not self.link.publish(subject, reply, hdr, payload):
