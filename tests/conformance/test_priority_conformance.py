@@ -511,6 +511,29 @@ async def api_level(s: Session) -> None:
     await sub.unsubscribe()
 
 
+async def replay_original(s: Session) -> None:
+    """Stored messages go out spaced as they were stored (here 0.5 s apart)."""
+    await s.stream("RO", subjects=["ro.>"])
+    for i in range(3):
+        if i:
+            await asyncio.sleep(0.5)
+        await s.pub("ro.a", data=b"m%d" % i)
+    await s.consumer("RO", "C", ack_policy="explicit", replay_policy="original")
+    inbox = s.nc.new_inbox()
+    sub = await s.nc.subscribe(inbox)
+    body = {"batch": 3, "expires": 3_000_000_000}
+    await s.nc.publish(f"{API}.CONSUMER.MSG.NEXT.RO.C", json.dumps(body).encode(), reply=inbox)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    got = []
+    for _ in range(3):
+        msg = await sub.next_msg(timeout=3)
+        # Which half-second the message came in: 0, 1, 2 when spaced as stored.
+        got.append((observe(msg), round((loop.time() - start) / 0.5)))
+    s.log.append(got)
+    await sub.unsubscribe()
+
+
 async def persist_mode(s: Session) -> None:
     for i, extra in enumerate(
         [
@@ -538,6 +561,7 @@ async def persist_mode(s: Session) -> None:
         direct_multi_last,
         api_level,
         persist_mode,
+        replay_original,
     ],
     ids=lambda f: f.__name__,
 )

@@ -90,7 +90,6 @@ def config(**fields: Any) -> ConsumerConfig:
         ),
         ({"direct": True}, 10090),
         ({"sourcing": True}, 10025),
-        ({"replay_policy": "original"}, 10052),
         ({"deliver_subject": "d", "rate_limit_bps": 1000}, 10052),
     ],
 )
@@ -355,3 +354,39 @@ def test_a_paused_consumer_ends_one_shots_without_expires(w: World) -> None:
     assert [status(b) for b in blocks(w.sink.take())] == ["NATS/1.0 404 No Messages"]
     c.pull("_INBOX.b", body(batch=1, no_wait=True, expires=NS))
     assert w.sink.take() == []
+
+
+# -- replay_policy original ------------------------------------------------------------------------
+
+
+def test_replay_original_spaces_stored_messages_as_they_were_stored(w: World) -> None:
+    w.publish()
+    w.clock.advance(1)
+    w.publish()
+    w.clock.advance(2)
+    w.publish()
+    w.clock.advance(10)
+    c = w.consumer(replay_policy="original")
+    c.pull("_INBOX.a", b"5")
+    assert msgs(w.sink.take()) == [1]
+    w.clock.advance(0.9)
+    assert msgs(w.sink.take()) == []
+    w.clock.advance(0.1)
+    assert msgs(w.sink.take()) == [2]
+    w.clock.advance(2)
+    assert msgs(w.sink.take()) == [3]
+    # Caught up: what comes later goes out at once.
+    w.publish()
+    assert msgs(w.sink.take()) == [4]
+    assert not c.replaying
+
+
+def test_replay_original_on_a_push_consumer(w: World) -> None:
+    w.publish()
+    w.clock.advance(0.5)
+    w.publish()
+    c = w.consumer(deliver_subject="out", replay_policy="original")
+    c.set_push_interest(True)
+    assert msgs(w.sink.take()) == [1]
+    w.clock.advance(0.5)
+    assert msgs(w.sink.take()) == [2]

@@ -415,8 +415,6 @@ def _refuse_unsupported(config: ConsumerConfig) -> None:
     """
     if config.sourcing:
         raise errors.invalid_json("sourcing consumers are not supported by this server")
-    if config.replay_policy == "original":
-        raise errors.invalid_stream_config("replay policy original is not supported by this server")
     if config.rate_limit_bps > 0:
         raise errors.invalid_stream_config("consumer rate limit is not supported by this server")
 

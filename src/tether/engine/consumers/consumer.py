@@ -103,6 +103,12 @@ class Consumer(
         self._hb_timer: Timer | None = None
         self._pause_timer: Timer | None = None
         self._push_timer: Timer | None = None
+        # replay_policy "original": the messages stored up to now go out spaced as they
+        # were stored (nats-server's replay mode); later ones go out at once.
+        self._replay_end = stream.last_seq if config.replay_policy == "original" else 0
+        self._replay_lts = 0  # store time of the last message sent while replaying
+        self._replay_due = 0  # when the held message may go
+        self._replay_timer: Timer | None = None
         self._last_activity = clock.now()
         self._interest_lost_at = self._last_activity
         self._last_hb = self._last_activity
@@ -371,9 +377,39 @@ class Consumer(
         pending = self.cursor.num_pending - 1
         return self._ack_first % (meta.seq, self.dseq + 1, meta.ts, pending if pending > 0 else 0)
 
+    @property
+    def replaying(self) -> bool:
+        return bool(self._replay_end) and self.cursor.delivered_seq < self._replay_end
+
+    def _held(self, meta: MessageMeta, now: int) -> bool:
+        """Replay mode: ``meta`` waits as long after the last message sent as it was
+        stored after it (nats-server skips gaps up to a millisecond). True: not yet (a
+        timer pumps again when it is due)."""
+        if not self._replay_lts or not self.replaying:
+            return False
+        gap = meta.ts - self._replay_lts
+        if gap <= 1_000_000:
+            return False
+        if not self._replay_due:
+            self._replay_due = now + gap
+        if now >= self._replay_due:
+            return False
+        if self._replay_timer is None:
+            self._replay_timer = self.clock.call_later(
+                (self._replay_due - now) / NS, self._on_replay_due
+            )
+        return True
+
+    def _on_replay_due(self) -> None:
+        self._replay_timer = None
+        self.pump()
+
     def _commit(self, meta: MessageMeta, redelivery: bool, now: int) -> None:
         seq = meta.seq
         state = self.state
+        if self._replay_end:
+            self._replay_lts = meta.ts
+            self._replay_due = 0
         self.dseq += 1
         self.last_delivered_ns = now
         if redelivery:
@@ -512,13 +548,19 @@ class Consumer(
             self.priority.close()
         for req in list(self.waiting):
             self._finish(req, pq.CONSUMER_DELETED if notify else None)
-        for timer in (self._ack_timer, self._idle_timer, self._hb_timer, self._pause_timer):
+        for timer in (
+            self._ack_timer,
+            self._idle_timer,
+            self._hb_timer,
+            self._pause_timer,
+            self._replay_timer,
+        ):
             if timer is not None:
                 timer.cancel()
         if self._push_timer is not None:
             self._push_timer.cancel()
         self._ack_timer = self._idle_timer = self._hb_timer = None
-        self._pause_timer = self._push_timer = None
+        self._pause_timer = self._push_timer = self._replay_timer = None
 
     def _advisory(self, kind: str, type_: str, fields: dict[str, Any]) -> None:
         subject = f"$JS.EVENT.ADVISORY.CONSUMER.{kind}.{self.stream.name}.{self.name}"

@@ -54,6 +54,7 @@ class PullDelivery(Generic[Me]):
     max_ack_pending: int
     priority: PriorityGroups | None
     delivery_headers: bytes
+    _replay_end: int
     dseq: int
     last_delivered_ns: int
     _ack_first: str
@@ -70,6 +71,9 @@ class PullDelivery(Generic[Me]):
         raise NotImplementedError
 
     def _commit(self, meta: MessageMeta, redelivery: bool, now: int) -> None:
+        raise NotImplementedError
+
+    def _held(self, meta: MessageMeta, now: int) -> bool:
         raise NotImplementedError
 
     def _heartbeat_block(self) -> bytes:
@@ -245,6 +249,8 @@ class PullDelivery(Generic[Me]):
                 self._end_of_stream()
                 return
             meta, redelivery = got
+            if self._replay_end and self._held(meta, now):
+                return
             reply = self._prepare(meta, redelivery)
             size = meta.size - 16 + len(reply)
             priority = self.priority
@@ -301,6 +307,7 @@ class PullDelivery(Generic[Me]):
             state.queued
             or self.ack_none
             or self.priority is not None
+            or self._replay_end
             or not isinstance(cursor, SequenceCursor)
         ):
             return False

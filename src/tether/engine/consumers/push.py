@@ -52,6 +52,7 @@ class PushDelivery(Generic[Me]):
     _maxpb: int
     _fcid: str
     _fcsz: int
+    _replay_end: int
 
     def pump(self) -> None:
         raise NotImplementedError
@@ -63,6 +64,9 @@ class PushDelivery(Generic[Me]):
         raise NotImplementedError
 
     def _commit(self, meta: MessageMeta, redelivery: bool, now: int) -> None:
+        raise NotImplementedError
+
+    def _held(self, meta: MessageMeta, now: int) -> bool:
         raise NotImplementedError
 
     def _arm_idle_timer(self) -> None:
@@ -87,6 +91,8 @@ class PushDelivery(Generic[Me]):
             if got is None:
                 return
             meta, redelivery = got
+            if self._replay_end and self._held(meta, now):
+                return
             reply = self._prepare(meta, redelivery)
             sink.deliver(self._me, to, meta, reply)
             self._commit(meta, redelivery, now)
