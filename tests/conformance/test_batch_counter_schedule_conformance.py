@@ -404,3 +404,29 @@ async def test_counters_fed_by_sources(peers: Peers) -> None:
     ours = await _sourced_counters(peers.tether)
     assert ours == theirs
     assert theirs[-2][1] == b'{"val":"9"}'
+
+
+async def _abandoned(url: str) -> list[Any]:
+    nc = await nats.connect(url)
+    got: list[Any] = []
+
+    async def heard(msg: Any) -> None:
+        event = json.loads(msg.data)
+        assert event.pop("id") and event.pop("timestamp")
+        got.append((msg.subject, event))
+
+    try:
+        await nc.subscribe("$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED.>", cb=heard)
+        config = {"name": "AD", "subjects": ["ad.>"], "allow_atomic": True}
+        await request(nc, "$JS.API.STREAM.CREATE.AD", config)
+        for headers in (batch("g", 1), batch("g", 3), batch("u", 1), batch("u", 2, "bad")):
+            await request(nc, "ad.x", b"d", headers)
+        await asyncio.sleep(0.3)
+        return got
+    finally:
+        await nc.close()
+
+
+async def test_abandoned_batch_advisory(peers: Peers) -> None:
+    theirs = await _abandoned(peers.nats)
+    assert theirs and theirs == await _abandoned(peers.tether)

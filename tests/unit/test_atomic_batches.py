@@ -176,6 +176,8 @@ async def test_inflight_and_size_limits(broker: Broker) -> None:
 async def test_an_idle_batch_is_abandoned_after_the_timeout(
     broker: Broker, clock: FakeClock
 ) -> None:
+    dropped: list[tuple[str, str]] = []
+    broker.batches.on_abandoned = lambda batch, reason: dropped.append((batch.id, reason))
     pub = Pub(broker)
     pub("a.x", batch_hdrs("slow", 1))
     clock.advance(6)
@@ -184,6 +186,7 @@ async def test_an_idle_batch_is_abandoned_after_the_timeout(
     assert len(broker.batches) == 1
     clock.advance(5)
     assert len(broker.batches) == 0
+    assert dropped == [("slow", "timeout")]
     pub("a.x", batch_hdrs("slow", 3, "1"))
     assert (await pub.settle())[-1] == 10176
 

@@ -129,7 +129,7 @@ class AtomicBatches:
         self.limits = limits or BatchLimits()
         self._open: dict[tuple[str, str], Batch] = {}
         self._per_stream: dict[str, int] = {}
-        self._on_abandoned = on_abandoned
+        self.on_abandoned = on_abandoned
 
     def __len__(self) -> int:
         return len(self._open)
@@ -183,9 +183,11 @@ class AtomicBatches:
                 raise incomplete()
             if seq > limits.max_size:
                 raise too_large(limits.max_size)
-        except ApiError:
+        except ApiError as exc:
             if batch is not None:
                 self._close(batch)
+                if exc.err_code in (10176, 10199):
+                    self._abandoned(batch, "large" if exc.err_code == 10199 else "incomplete")
             raise
         now = self.clock.now()
         if batch is None:
@@ -238,8 +240,11 @@ class AtomicBatches:
             batch.timer = self.clock.call_later(left / 1e9, lambda: self._idle(key))
             return
         self._close(batch)
-        if self._on_abandoned is not None:
-            self._on_abandoned(batch, "timeout")
+        self._abandoned(batch, "timeout")
+
+    def _abandoned(self, batch: Batch, reason: str) -> None:
+        if self.on_abandoned is not None:
+            self.on_abandoned(batch, reason)
 
 
 def _batch_seq(raw: bytes | None) -> int | None:

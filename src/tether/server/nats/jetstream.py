@@ -166,8 +166,21 @@ class JetStreamApi:
         self._api_sub = self.router.subscribe_internal(API_PREFIX + ">", self._on_api)
         self.broker.listeners.append(self)
         self.broker.republisher.sink = self._republish
+        self.broker.batches.on_abandoned = self._batch_abandoned
         for stream in self.broker.streams.values():
             self.on_stream_changed(stream)
+
+    def _batch_abandoned(self, batch: Any, reason: str) -> None:
+        """nats-server's advisory for an atomic batch dropped before its commit."""
+        self.consumers.sink.advisory(
+            f"$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED.{batch.stream}",
+            {
+                "type": "io.nats.jetstream.advisory.v1.stream_batch_abandoned",
+                "stream": batch.stream,
+                "batch": batch.id,
+                "reason": reason,
+            },
+        )
 
     def _republish(self, subject: str, headers: bytes, payload: bytes) -> None:
         """A stream's ``republish``: to core NATS subscribers, as nats-server sends it."""
