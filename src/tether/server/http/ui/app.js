@@ -239,10 +239,13 @@ function payloadView(m) {
 async function streamPage(name) {
   if (browser.stream !== name) Object.assign(browser, { stream: name, start: "", subject: "", mode: {} });
   const s = await getJSON(`/ui/api/streams/${encodeURIComponent(name)}`);
+  const rate = rates(sample(`stream:${s.name}`, s.last_seq));
   const out = [
     h("h1", {}, `Stream ${s.name}`),
     h("div", { class: "cards" },
       card("Messages", fmt(s.messages)), card("Bytes", bytes(s.bytes)),
+      card("Rate (msg/s)", fmt(rate.length ? Math.round(rate[rate.length - 1]) : 0), spark(rate)),
+      card("Lag (all consumers)", fmt(s.lag)), card("Dead letters", fmt(s.dead)),
       card("First seq", fmt(s.first_seq)), card("Last seq", fmt(s.last_seq)),
       card("Subjects", s.subjects.join(", "), null, true), card("Retention", s.retention, null, true)),
     h("h2", {}, "Consumers"),
