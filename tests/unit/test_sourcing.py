@@ -190,6 +190,8 @@ async def test_mirror_and_source_resume_after_a_rebuild(tmp_path: Path) -> None:
     await until(lambda: broker.get_stream("M").last_seq == 5)
     await until(lambda: len(broker.get_stream("S")) == 2)
     assert await origin_seqs(broker, "S") == [2, 4]
+    # The feed counts a copy once it is durable, a moment after the stream indexed it.
+    await until(lambda: service.info(broker.get_stream("S"))["sources"][0].get("seq") == 4)
     info = service.info(broker.get_stream("S"))["sources"][0]
     assert (info["name"], info["lag"], info["seq"], info["filter_subject"]) == ("O", 0, 4, "o.1")
     await close(broker, service)
