@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 import msgspec
 
@@ -53,8 +53,8 @@ def _offsets(items: Sequence[bytes]) -> bytes:
 def _slices(offsets: bytes, buf: bytes, count: int) -> list[bytes]:
     if not offsets:
         return [b""] * count
-    off = _unpack("i", offsets)
-    return [buf[off[i] : off[i + 1]] for i in range(count)]
+    off = _unpack("i", offsets).tolist()
+    return [buf[a:b] for a, b in pairwise(off[: count + 1])]
 
 
 class MessageBlock(msgspec.Struct, frozen=True, array_like=True, gc=False):
