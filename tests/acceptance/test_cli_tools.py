@@ -200,23 +200,27 @@ def test_jobs(server: RunningServer) -> None:
     assert made["Type"] == "pull"
     listed = json.loads(ok("jobs", "consumer", "ls", "orders", "--json", env=env))
     assert [c["ID"] for c in listed] == ["billing"]
-    subprocess.run(
-        ["curl", "-sS", "-X", "PUT", f"{env['TETHER_HTTP']}/producer/shop", "-d", "token=pt"],
-        check=True,
-        capture_output=True,
-    )
+    ok("jobs", "producer", "add", "shop", "--token", "pt", env=env)
+    assert json.loads(ok("jobs", "producer", "ls", "--json", env=env)) == ["shop"]
+    send = ("--producer", "shop", "--producer-token", "pt", "--channel-token", "ct")
     for body in ('{"n": 1}', '{"n": 2}'):
-        subprocess.run(
-            ["curl", "-sS", "-f", "-X", "POST", f"{env['TETHER_HTTP']}/channel/orders/broadcast",
-             "-H", "X-Broker-Channel-Token: ct", "-H", "X-Broker-Producer-ID: shop",
-             "-H", "X-Broker-Producer-Token: pt", "-H", "Content-Type: application/json",
-             "-d", body],
-            check=True, capture_output=True,
-        )  # fmt: skip
+        ok("jobs", "broadcast", "orders", body, *send, "--content-type", "application/json",
+           env=env)  # fmt: skip
     queued = json.loads(ok("jobs", "ls", "orders", "billing", *tokens, "--json", env=env))
     assert [j["Message"]["Payload"] for j in queued] == ['{"n": 1}', '{"n": 2}']
+    # An urgent one, with an id and a metadata header: handed out first.
+    sent = json.loads(
+        ok("jobs", "broadcast", "orders", "urgent", *send, "--id", "u-3", "--priority", "9",
+           "-H", "Region: eu", "--json", env=env)
+    )  # fmt: skip
+    assert [m.rsplit("/", 1)[-1] for m in sent["messages"]] == ["u-3"]
+    one_line_failure(tether("jobs", "broadcast", "orders", "again", *send, "--id", "u-3", env=env),
+                     "HTTP 409")  # fmt: skip
+    bad = ("--producer", "shop", "--producer-token", "wrong", "--channel-token", "ct")
+    one_line_failure(tether("jobs", "broadcast", "orders", "x", *bad, env=env), "HTTP 403")
     claimed = json.loads(ok("jobs", "claim", "orders", "billing", *tokens, "--json", env=env))
     assert len(claimed) == 1 and claimed[0]["State"] == "INFLIGHT"
+    assert claimed[0]["Message"]["Payload"] == "urgent"
     job = claimed[0]["ID"]
     ok("jobs", "done", "orders", "billing", job, "--state", "DEAD", *tokens, env=env)
     dead = json.loads(ok("jobs", "dead", "ls", "orders", "billing", *tokens, "--json", env=env))

@@ -16,15 +16,21 @@ import httpx
 import typer
 
 from tether.cli._typer import Command, group
+from tether.cli.messages import read_body
 from tether.cli.output import emit_json, pairs, table
 from tether.cli.remote import ContextOpt, Failure, JsonOpt, Target, fail
 
 DEFAULT_HTTP = "http://127.0.0.1:8222"
 
-jobs_app = group("jobs", "Webhook-broker jobs over HTTP: channel, consumer, ls, claim, done, dead.")
+jobs_app = group(
+    "jobs",
+    "Webhook-broker jobs over HTTP: producer, channel, broadcast, consumer, ls, claim, done, dead.",
+)
+producer_app = group("producer", "Producers: ls, add.")
 channel_app = group("channel", "Channels: ls, add.")
 consumer_app = group("consumer", "A channel's consumers: ls, add.")
 dead_app = group("dead", "Dead jobs: ls, requeue.")
+jobs_app.add_typer(producer_app, name="producer")
 jobs_app.add_typer(channel_app, name="channel")
 jobs_app.add_typer(consumer_app, name="consumer")
 jobs_app.add_typer(dead_app, name="dead")
@@ -73,15 +79,36 @@ class Api:
         form: dict[str, str] | None = None,
         params: dict[str, Any] | None = None,
     ) -> Any:
+        resp = self.send(method, path, json_body=json_body, form=form, params=params)
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            fail(f"{method} {path}: the answer is not JSON")
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        form: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """One request; a refusal (4xx/5xx) or no answer is one line and exit 1."""
         url = path if path.startswith("http") else self.base + path
         try:
             resp = httpx.request(
                 method,
                 url,
-                headers=self.headers,
+                headers={**self.headers, **(headers or {})},
                 json=json_body,
                 data=form,
                 params=params,
+                content=content,
                 timeout=30,
             )
         except httpx.HTTPError as exc:
@@ -89,12 +116,7 @@ class Api:
         if resp.status_code >= 400:
             text = " ".join(resp.text.split())[:200]
             fail(f"{method} {path}: HTTP {resp.status_code}{': ' + text if text else ''}")
-        if not resp.content:
-            return None
-        try:
-            return resp.json()
-        except ValueError:
-            fail(f"{method} {path}: the answer is not JSON")
+        return resp
 
     def pages(self, path: str) -> list[str]:
         """Every ``Result`` of a paged listing, following ``Pages.next``."""
@@ -110,32 +132,144 @@ class Api:
         return out
 
 
-@channel_app.command("ls", cls=Command)
-def channel_ls(as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None) -> None:
-    """List channels."""
-    names = [u.rsplit("/", 1)[-1] for u in Api(http, context).pages("/channels")]
+def _listing(api: Api, path: str, title: str, column: str, as_json: bool) -> None:
+    names = [u.rsplit("/", 1)[-1] for u in api.pages(path)]
     if as_json:
         emit_json(names)
         return
-    table(f"Channels ({len(names)})", ["Channel"], [(n,) for n in sorted(names)])
+    table(f"{title} ({len(names)})", [column], [(n,) for n in sorted(names)])
+
+
+def _made(kind: str, ident: str, made: dict[str, Any], as_json: bool) -> None:
+    """A PUT's answer: the resource with its token (shown only this once)."""
+    if as_json:
+        emit_json(made)
+        return
+    pairs(f"{kind} {ident}", [("Name", made.get("Name")), ("Token", made.get("Token"))])
+
+
+def _form(token: str | None, name: str | None) -> dict[str, str]:
+    return {k: v for k, v in (("token", token), ("name", name)) if v}
+
+
+TokenOpt = Annotated[str | None, typer.Option("--token", help="Its token (else random).")]
+NameOpt = Annotated[str | None, typer.Option("--name", help="Display name.")]
+
+
+@producer_app.command("ls", cls=Command)
+def producer_ls(as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None) -> None:
+    """List producers."""
+    _listing(Api(http, context), "/producers", "Producers", "Producer", as_json)
+
+
+@producer_app.command("add", cls=Command)
+def producer_add(
+    producer: Annotated[str, typer.Argument(help="Producer id.")],
+    token: TokenOpt = None,
+    name: NameOpt = None,
+    as_json: JsonOpt = False,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Create a producer (its token is shown once)."""
+    made = Api(http, context).call("PUT", f"/producer/{producer}", form=_form(token, name))
+    _made("Producer", producer, made, as_json)
+
+
+def _metadata_headers(pairs_: list[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for item in pairs_:
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{item!r} is not KEY:VALUE", param_hint="--header")
+        headers[key.strip()] = value.strip()
+    if headers:
+        headers["X-Broker-Metadata-Headers"] = ",".join(headers)
+    return headers
+
+
+@jobs_app.command("broadcast", cls=Command)
+def broadcast(
+    channel: ChannelArg,
+    body: Annotated[
+        str | None, typer.Argument(help="The message (default: standard input, or '-').")
+    ] = None,
+    producer: Annotated[
+        str, typer.Option("--producer", help="Producer id (X-Broker-Producer-ID).")
+    ] = "",
+    producer_token: Annotated[
+        str | None, typer.Option("--producer-token", help="The producer's token.")
+    ] = None,
+    channel_token: ChannelTokenOpt = None,
+    message_id: Annotated[
+        str | None, typer.Option("--id", help="Message id (deduplicated; else generated).")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option("--priority", help="Higher is handed out first.")
+    ] = None,
+    content_type: Annotated[
+        str | None, typer.Option("--content-type", help="Default application/octet-stream.")
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", "-H", help="Metadata header KEY:VALUE kept with the message."),
+    ] = None,
+    at: Annotated[
+        str | None, typer.Option("--at", help="Deliver at this RFC 3339 time (scheduled).")
+    ] = None,
+    count_: Annotated[int, typer.Option("--count", help="Send it this many times.")] = 1,
+    as_json: JsonOpt = False,
+    http: HttpOpt = None,
+    context: ContextOpt = None,
+) -> None:
+    """Broadcast a message to a channel: a job for every consumer of the channel."""
+    if count_ < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--count")
+    if message_id and count_ > 1:
+        raise typer.BadParameter("one --id names one message", param_hint="--count")
+    payload = read_body(body).encode()
+    headers = {"X-Broker-Producer-ID": producer, **_metadata_headers(header or [])}
+    optional = {
+        "X-Broker-Producer-Token": producer_token,
+        "X-Broker-Message-ID": message_id,
+        "X-Broker-Message-Priority": None if priority is None else str(priority),
+        "Content-Type": content_type,
+        "X-Broker-Scheduled-For": at,
+    }
+    headers.update({k: v for k, v in optional.items() if v is not None})
+    api = Api(http, context, channel_token=channel_token)
+    locations = [
+        api.send(
+            "POST", f"/channel/{channel}/broadcast", content=payload, headers=headers
+        ).headers.get("location", "")
+        for _ in range(count_)
+    ]
+    if as_json:
+        emit_json({"channel": channel, "messages": locations})
+        return
+    for location in locations:
+        kind = "Scheduled" if "/scheduled-message/" in location else "Broadcast"
+        typer.echo(f"{kind} {location.rsplit('/', 1)[-1]} to {channel} ({len(payload)} bytes)")
+
+
+@channel_app.command("ls", cls=Command)
+def channel_ls(as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None) -> None:
+    """List channels."""
+    _listing(Api(http, context), "/channels", "Channels", "Channel", as_json)
 
 
 @channel_app.command("add", cls=Command)
 def channel_add(
     channel: ChannelArg,
-    token: Annotated[str | None, typer.Option("--token", help="Its token (else random).")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="Display name.")] = None,
+    token: TokenOpt = None,
+    name: NameOpt = None,
     as_json: JsonOpt = False,
     http: HttpOpt = None,
     context: ContextOpt = None,
 ) -> None:
     """Create a channel (its token is shown once)."""
-    form = {k: v for k, v in (("token", token), ("name", name)) if v}
-    made = Api(http, context).call("PUT", f"/channel/{channel}", form=form)
-    if as_json:
-        emit_json(made)
-        return
-    pairs(f"Channel {channel}", [("Name", made.get("Name")), ("Token", made.get("Token"))])
+    made = Api(http, context).call("PUT", f"/channel/{channel}", form=_form(token, name))
+    _made("Channel", channel, made, as_json)
 
 
 @consumer_app.command("ls", cls=Command)
