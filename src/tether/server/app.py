@@ -285,7 +285,8 @@ class Tether:
             max_body=webhook_api.max_body(cfg),
             secret=cfg.http_gateway_secret,
             tolerance=cfg.http_gateway_tolerance,
-            exempt=[*cfg.http_gateway_exempt, *ui],
+            # /readyz too: load balancers and readiness probes sign nothing.
+            exempt=[*cfg.http_gateway_exempt, *ui, "/readyz"],
         )
 
     def _observe_routes(self) -> list[BaseRoute]:
