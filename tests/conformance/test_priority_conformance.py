@@ -534,6 +534,18 @@ async def replay_original(s: Session) -> None:
     await sub.unsubscribe()
 
 
+async def rate_limited_push(s: Session) -> None:
+    await s.stream("RL", subjects=["rl.>"], max_msg_size=100)
+    await s.pub("rl.a", 4)
+    sub = await s.nc.subscribe("rlout.x")
+    await s.consumer(
+        "RL", "C", ack_policy="explicit", deliver_subject="rlout.x", rate_limit_bps=80_000
+    )
+    await s.collect(sub, 0.5)
+    await sub.unsubscribe()
+    await s.consumer("RL", "PULL", rate_limit_bps=80_000)
+
+
 async def persist_mode(s: Session) -> None:
     for i, extra in enumerate(
         [
@@ -562,6 +574,7 @@ async def persist_mode(s: Session) -> None:
         api_level,
         persist_mode,
         replay_original,
+        rate_limited_push,
     ],
     ids=lambda f: f.__name__,
 )

@@ -90,7 +90,7 @@ def config(**fields: Any) -> ConsumerConfig:
         ),
         ({"direct": True}, 10090),
         ({"sourcing": True}, 10025),
-        ({"deliver_subject": "d", "rate_limit_bps": 1000}, 10052),
+        ({"rate_limit_bps": 1000}, 10086),
     ],
 )
 def test_invalid_priority_configs_are_refused(fields: dict[str, Any], err_code: int) -> None:
@@ -390,3 +390,21 @@ def test_replay_original_on_a_push_consumer(w: World) -> None:
     assert msgs(w.sink.take()) == [1]
     w.clock.advance(0.5)
     assert msgs(w.sink.take()) == [2]
+
+
+# -- rate_limit_bps ----------------------------------------------------------------------------------
+
+
+def test_rate_limit_paces_a_push_consumer() -> None:
+    w = World()
+    w.stream.config.max_msg_size = 100  # the bucket holds 100 bytes
+    w.publish(n=6)
+    c = w.consumer(deliver_subject="out", rate_limit_bps=8 * 1000)  # 1000 bytes/s
+    c.set_push_interest(True)
+    first = w.sink.take()
+    size = len(first[0][3]) + len("s.a") + 4  # what nats-server counts per message
+    assert len(first) == 100 // size
+    w.clock.advance(size / 1000)
+    assert len(w.sink.take()) == 1
+    w.clock.advance(1)
+    assert len(first) + 1 + len(w.sink.take()) == 6

@@ -415,8 +415,6 @@ def _refuse_unsupported(config: ConsumerConfig) -> None:
     """
     if config.sourcing:
         raise errors.invalid_json("sourcing consumers are not supported by this server")
-    if config.rate_limit_bps > 0:
-        raise errors.invalid_stream_config("consumer rate limit is not supported by this server")
 
 
 def _validate_push(config: ConsumerConfig, stream: StreamConfig) -> None:

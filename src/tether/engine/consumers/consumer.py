@@ -109,6 +109,10 @@ class Consumer(
         self._replay_lts = 0  # store time of the last message sent while replaying
         self._replay_due = 0  # when the held message may go
         self._replay_timer: Timer | None = None
+        # rate_limit_bps (push): a token bucket of bytes, nats-server's rate.Limiter.
+        self._rl_tokens = 0.0
+        self._rl_at = 0
+        self._rl_timer: Timer | None = None
         self._last_activity = clock.now()
         self._interest_lost_at = self._last_activity
         self._last_hb = self._last_activity
@@ -400,6 +404,30 @@ class Consumer(
             )
         return True
 
+    def _throttled(self, size: int, now: int) -> bool:
+        """``rate_limit_bps``: True if ``size`` bytes may not go yet (a timer pumps
+        again once the bucket holds them). The bucket fills at the rate (in bytes) up
+        to the stream's ``max_msg_size``, or 1 MiB, as nats-server's limiter does."""
+        rate = self.config.rate_limit_bps / 8
+        limit = self.stream.config.max_msg_size
+        burst = float(limit if limit > 0 else 1024 * 1024)
+        if not self._rl_at:
+            self._rl_tokens = burst
+        else:
+            self._rl_tokens = min(burst, self._rl_tokens + (now - self._rl_at) / NS * rate)
+        self._rl_at = now
+        if self._rl_tokens >= size or size > burst:
+            self._rl_tokens -= size
+            return False
+        if self._rl_timer is None:
+            wait = (size - self._rl_tokens) / rate
+            self._rl_timer = self.clock.call_later(wait, self._on_rate_due)
+        return True
+
+    def _on_rate_due(self) -> None:
+        self._rl_timer = None
+        self.pump()
+
     def _on_replay_due(self) -> None:
         self._replay_timer = None
         self.pump()
@@ -554,13 +582,14 @@ class Consumer(
             self._hb_timer,
             self._pause_timer,
             self._replay_timer,
+            self._rl_timer,
         ):
             if timer is not None:
                 timer.cancel()
         if self._push_timer is not None:
             self._push_timer.cancel()
         self._ack_timer = self._idle_timer = self._hb_timer = None
-        self._pause_timer = self._push_timer = self._replay_timer = None
+        self._pause_timer = self._push_timer = self._replay_timer = self._rl_timer = None
 
     def _advisory(self, kind: str, type_: str, fields: dict[str, Any]) -> None:
         subject = f"$JS.EVENT.ADVISORY.CONSUMER.{kind}.{self.stream.name}.{self.name}"

@@ -69,6 +69,9 @@ class PushDelivery(Generic[Me]):
     def _held(self, meta: MessageMeta, now: int) -> bool:
         raise NotImplementedError
 
+    def _throttled(self, size: int, now: int) -> bool:
+        raise NotImplementedError
+
     def _arm_idle_timer(self) -> None:
         raise NotImplementedError
 
@@ -82,6 +85,7 @@ class PushDelivery(Generic[Me]):
         cfg = self.config
         to = cfg.deliver_subject
         fc = cfg.flow_control
+        rate = cfg.rate_limit_bps
         budget = _PUSH_BUDGET
         now = self.clock.now()
         while budget:
@@ -94,6 +98,9 @@ class PushDelivery(Generic[Me]):
             if self._replay_end and self._held(meta, now):
                 return
             reply = self._prepare(meta, redelivery)
+            # nats-server counts subject, ack reply, headers and payload.
+            if rate and self._throttled(meta.size - 16 + len(reply), self.clock.now()):
+                return
             sink.deliver(self._me, to, meta, reply)
             self._commit(meta, redelivery, now)
             budget -= 1
