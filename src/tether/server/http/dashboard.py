@@ -60,6 +60,7 @@ PAGE_LIMIT = 100
 PREVIEW_BYTES = 64 * 1024
 NS = 1_000_000_000
 ACTIONS = ("requeue", "delete")
+CONSUMER_ROWS = 200  # consumers a stream's page lists
 
 _encode = msgspec.json.Encoder()
 
@@ -385,9 +386,11 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
             return _error(404, f"no stream {name!r}")
         body = _stream_row(broker, registry, name)
         body["config"] = msgspec.to_builtins(broker.streams[name].config)
-        body["consumer_list"] = [
-            consumer_row(c) for c in sorted(registry.consumers_of(name), key=lambda c: c.name)
-        ]
+        # The furthest behind first; a page of thousands of rows helps nobody.
+        listed = heapq.nsmallest(
+            CONSUMER_ROWS, registry.consumers_of(name), key=lambda c: (-c.num_pending, c.name)
+        )
+        body["consumer_list"] = [consumer_row(c) for c in listed]
         return _json(body)
 
     async def messages(request: Request) -> Response:

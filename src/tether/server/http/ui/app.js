@@ -250,6 +250,7 @@ async function streamPage(name) {
       card("Subjects", s.subjects.join(", "), null, true), card("Retention", s.retention, null, true)),
     h("h2", {}, "Consumers"),
     s.consumer_list.length ? table(CONSUMER_HEADERS, consumerRows(s.consumer_list)) : h("p", { class: "muted" }, "No consumers."),
+    s.consumers > s.consumer_list.length ? h("p", { class: "muted" }, `The ${s.consumer_list.length} furthest behind of ${fmt(s.consumers)}; /metrics has every one.`) : null,
     h("h2", {}, "Messages"),
   ];
   if (!session.contents) {
@@ -394,7 +395,7 @@ async function refresh() {
     const content = await build();
     // Keep what the user is typing: a refresh must not steal focus from an input.
     const focused = document.activeElement && document.activeElement.id;
-    main.replaceChildren(...content);
+    main.replaceChildren(...content.flat().filter((c) => c !== null && c !== undefined));
     main.dataset.page = name;
     main.dataset.updated = String(Date.now());
     if (focused) document.getElementById(focused)?.focus();
