@@ -193,6 +193,17 @@ def test_object_store(cli: Cli, tmp_path: Path) -> None:
     copy = tmp_path / "copy.bin"
     cli("object", "get", "FILES", "blob.bin", "-O", str(copy))
     assert copy.read_bytes() == blob.read_bytes()
+    watcher = cli.background("object", "watch", "FILES", "--count", "2", "--json")
+    small = tmp_path / "small.txt"
+    small.write_text("hi")
+    cli("object", "put", "FILES", str(small))
+    cli("object", "rm", "FILES", "small.txt", "-f")
+    seen = [json.loads(line) for line in finish(watcher).splitlines()]
+    assert [(s["operation"], s["name"]) for s in seen] == [
+        ("PUT", "blob.bin"),
+        ("PUT", "small.txt"),
+        ("DEL", "small.txt"),
+    ]
 
     async def read_with_nats_py() -> bytes:
         nc = await nats.connect(cli.url)

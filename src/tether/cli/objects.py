@@ -38,10 +38,10 @@ from tether.cli.remote import (
     run,
 )
 from tether.cli.stream import api
-from tether.client import Connection, NoResponders
+from tether.client import BadSubscription, Connection, NoResponders
 from tether.client.nuid import Nuid
 
-object_app = group("object", "Object stores: add, ls, put, get, info, rm.")
+object_app = group("object", "Object stores: add, ls, put, get, info, rm, watch.")
 
 BucketArg = Annotated[str, typer.Argument(help="Object store name.")]
 NameArg = Annotated[str, typer.Argument(help="Object name.")]
@@ -97,6 +97,21 @@ def _show_meta(meta: dict[str, Any]) -> None:
     )
 
 
+async def _objects(conn: Connection, bucket: str) -> list[dict[str, Any]]:
+    """The metadata of every object in ``bucket`` (deleted ones left out), by name."""
+    found = await subjects_of(conn, _stream(bucket), f"$O.{bucket}.M.>")
+    metas: list[dict[str, Any]] = []
+    for subject in sorted(found):
+        last = await message_get(conn, _stream(bucket), {"last_by_subj": subject})
+        if last is None:
+            continue
+        meta = json.loads(last.data)
+        if not meta.get("deleted"):
+            meta.setdefault("mtime", last.time)
+            metas.append(meta)
+    return sorted(metas, key=lambda m: str(m.get("name")))
+
+
 @remote(object_app, "add")
 def add(
     target: Target,
@@ -145,17 +160,7 @@ def ls(
 
     async def objects(conn: Connection) -> list[dict[str, Any]]:
         assert bucket is not None
-        found = await subjects_of(conn, _stream(bucket), f"$O.{bucket}.M.>")
-        metas: list[dict[str, Any]] = []
-        for subject in sorted(found):
-            last = await message_get(conn, _stream(bucket), {"last_by_subj": subject})
-            if last is None:
-                continue
-            meta = json.loads(last.data)
-            if not meta.get("deleted"):
-                meta.setdefault("mtime", last.time)
-                metas.append(meta)
-        return sorted(metas, key=lambda m: str(m.get("name")))
+        return await _objects(conn, bucket)
 
     tgt = target
     if bucket is None:
@@ -349,3 +354,51 @@ def rm(
 
     run_in("object store", bucket, target, work)
     typer.echo(f"Deleted {what}")
+
+
+@remote(object_app, "watch")
+def watch(
+    target: Target,
+    bucket: BucketArg,
+    updates: Annotated[int, typer.Option("--count", help="Exit after N changes (0: never).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
+) -> None:
+    """Print the objects in BUCKET, then every object put or deleted as it happens."""
+
+    def show(meta: dict[str, Any]) -> None:
+        operation = "DEL" if meta.get("deleted") else "PUT"
+        if as_json:
+            sys.stdout.write(json.dumps({"operation": operation, **meta}) + "\n")
+        elif operation == "DEL":
+            sys.stdout.write(f"[DEL] {bucket} > {meta.get('name')}\n")
+        else:
+            sys.stdout.write(
+                f"[PUT] {bucket} > {meta.get('name')}: {size(int(meta.get('size', 0)))}, "
+                f"{count(int(meta.get('chunks', 0)))} chunks, {meta.get('mtime', '')}\n"
+            )
+        sys.stdout.flush()
+
+    async def work(conn: Connection) -> None:
+        # Subscribed before reading what is there, so no change falls in between.
+        sub = await conn.subscribe(f"$O.{bucket}.M.>")
+        await conn.flush()
+        for meta in await _objects(conn, bucket):
+            show(meta)
+        typer.echo(f"Watching object store {bucket}", err=True)
+        seen = 0
+        while not updates or seen < updates:
+            try:
+                msg = await sub.next_msg(timeout=None)
+            except BadSubscription:
+                return
+            try:
+                meta = json.loads(msg.data)
+            except ValueError:
+                continue  # not object metadata: nothing a client of the store wrote
+            if not isinstance(meta, dict):
+                continue
+            meta.setdefault("mtime", datetime.now(UTC).isoformat())
+            seen += 1
+            show(meta)
+
+    run_in("object store", bucket, target, work)
