@@ -315,6 +315,34 @@ async def test_schedules(peers: Peers) -> None:
             {"name": "SY", "subjects": ["sy"], "allow_msg_schedules": True, "deny_purge": True},
             None,
         ),
+        ("sc.data", b"latest", {"Foo": "data"}),
+        (
+            "sc.sch.s",
+            b"d",
+            {
+                "Nats-Schedule": f"@at {at}",
+                "Nats-Schedule-Target": "sc.t.s",
+                "Nats-Schedule-Source": "sc.data",
+            },
+        ),
+        (
+            "sc.bad",
+            b"d",
+            {
+                "Nats-Schedule": f"@at {at}",
+                "Nats-Schedule-Target": "sc.t.s",
+                "Nats-Schedule-Source": "sc.t.s",
+            },
+        ),
+        (
+            "sc.bad",
+            b"d",
+            {
+                "Nats-Schedule": f"@at {at}",
+                "Nats-Schedule-Target": "sc.t.s",
+                "Nats-Schedule-Source": "sc.*",
+            },
+        ),
         # Last: a time in the past fires at once (when exactly is the server's business).
         (
             "sc.sch.p",
