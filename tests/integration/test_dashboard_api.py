@@ -122,3 +122,26 @@ async def test_bad_input_is_a_4xx() -> None:
             ]
             assert [r.status_code for r in cases] == [400, 400, 404, 404, 404, 404, 404, 404, 404]
             assert all(r.status_code < 500 for r in cases)
+
+
+async def test_message_pages() -> None:
+    with run_server(store="memory") as srv:
+        nc = await nats.connect(srv.url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="P", subjects=["p.>"])
+            for i in range(300):
+                await js.publish("p.rare" if i % 100 == 7 else "p.common", b"%d" % i)
+        finally:
+            await nc.close()
+        async with httpx.AsyncClient(base_url=srv.http_url) as http:
+
+            async def seqs(query: str) -> list[int]:
+                page = (await http.get("/ui/api/streams/P/messages?" + query)).json()
+                return [m["seq"] for m in page["messages"]]
+
+            assert await seqs("limit=5") == [296, 297, 298, 299, 300]
+            assert await seqs("subject=p.rare") == [8, 108, 208]
+            assert await seqs("subject=p.*&limit=2") == [299, 300]
+            assert await seqs("start=10&limit=3") == [10, 11, 12]
+            assert await seqs("start=1&subject=p.rare&limit=2") == [8, 108]

@@ -43,6 +43,7 @@ from tether.engine.broker import Broker
 from tether.engine.consumers import Consumer, ConsumerRegistry
 from tether.engine.jobs import WebhookService
 from tether.engine.jobs.view import DEAD, INFLIGHT, QUEUED, owned_by_http
+from tether.engine.streams import Stream
 from tether.engine.subjects import is_valid_filter
 from tether.protocol.numbers import parse_uint
 from tether.server.banner import store_location
@@ -252,6 +253,20 @@ def _payload(data: bytes) -> dict[str, Any]:
     return out
 
 
+def _newest(stream: Stream, filters: tuple[str, ...], limit: int) -> list[int]:
+    """The last ``limit`` sequences matching ``filters``, oldest first: read from a
+    window at the end of the stream, widened until it holds enough (the page refreshes
+    every second; a stream of millions must not be walked whole each time)."""
+    first, last = stream.state.first_seq, stream.state.last_seq
+    span = limit
+    while True:
+        start = max(first, last - span + 1)
+        seqs = list(stream.seqs_matching(start, filters))
+        if len(seqs) >= limit or start <= first:
+            return seqs[-limit:]
+        span *= 4
+
+
 def routes(app: Dashboarded) -> list[BaseRoute]:
     cfg = app.config
     gate = Gate(cfg)
@@ -420,8 +435,7 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
         if q.get("start") and start is None:
             return _error(400, "start: expected a stream sequence")
         if start is None:
-            # The newest page: the last ``limit`` matches, oldest first.
-            seqs = list(target.seqs_matching(target.state.first_seq, filters))[-limit:]
+            seqs = _newest(target, filters, limit)
         else:
             seqs = []
             for seq in target.seqs_matching(max(start, 1), filters):
