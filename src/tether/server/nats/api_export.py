@@ -21,6 +21,7 @@ general leaf node.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -34,8 +35,19 @@ log = logging.getLogger("tether.sourcing")
 
 JS_API = "$JS.API."
 FLOW_CONTROL = "$JS.FC.>"
-# Reply subjects remembered for requests from the other server.
+# Requests from the other server waiting for their answers, at most.
 MAX_REPLIES = 10_000
+# Seconds an answer is waited for (past a pull request's own expiry).
+LINGER = 30.0
+
+
+def _pull_expiry(payload: bytes) -> float:
+    """A pull request's ``expires`` in seconds (0 when it has none)."""
+    try:
+        expires = json.loads(payload).get("expires", 0)
+    except (ValueError, AttributeError):
+        return 0.0
+    return expires / 1e9 if isinstance(expires, int) and expires > 0 else 0.0
 
 
 def parse_exports(entries: list[str]) -> list[tuple[str, list[str]]]:
@@ -55,36 +67,35 @@ class ApiExport:
         self.prefix = prefix
         self.link = LeafLink(urls, f"tether {prefix}")
         self._inbox = f"_TETHER.EXPORT.{next_nuid()}"
-        self._replies: dict[str, str] = {}
+        # One internal subscription per request waiting for its answer (the subject a
+        # delivery arrives with is the message's own, not the inbox: the inbox itself
+        # must say whose answer it is).
+        self._replies: dict[str, InternalSubscription] = {}
         self._tokens = itertools.count(1)
         self._subs: list[InternalSubscription] = []
         self._delivering: dict[str, InternalSubscription] = {}
 
     def start(self) -> None:
-        self._subs.append(self.router.subscribe_internal(self._inbox + ".*", self._on_reply))
         self.link.subscribe(self.prefix + ".>", self._on_request)
         self.link.subscribe(FLOW_CONTROL, self._on_flow_control)
         self.link.start()
 
     async def stop(self) -> None:
         await self.link.stop()
-        for sub in [*self._subs, *self._delivering.values()]:
+        for sub in [*self._subs, *self._delivering.values(), *self._replies.values()]:
             self.router.unsubscribe_internal(sub)
         self._subs.clear()
         self._delivering.clear()
+        self._replies.clear()
 
     # -- from the other server -------------------------------------------------------------------
     def _on_request(self, subject: str, reply: str, hdr: bytes | None, payload: bytes) -> None:
         operation = subject[len(self.prefix) + 1 :]
         if operation.startswith(("CONSUMER.CREATE.", "CONSUMER.DURABLE.CREATE.")):
             self._follow_deliveries(payload)
-        inbox = ""
+        inbox = f"{self._inbox}.{next(self._tokens)}" if reply else ""
         if reply:
-            token = str(next(self._tokens))
-            self._replies[token] = reply
-            if len(self._replies) > MAX_REPLIES:
-                del self._replies[next(iter(self._replies))]
-            inbox = f"{self._inbox}.{token}"
+            self._await_answer(inbox, reply, operation, payload)
         self.router.publish(None, JS_API + operation, inbox, hdr, payload)
 
     def _on_flow_control(self, subject: str, reply: str, hdr: bytes | None, payload: bytes) -> None:
@@ -115,12 +126,28 @@ class ApiExport:
         self._forward(deliver, reply, hdr, payload)
 
     # -- to the other server ---------------------------------------------------------------------
-    def _on_reply(self, subject: str, reply: str, hdr: bytes | None, payload: bytes) -> None:
-        # Kept, not popped: a pull request is answered by many messages on one reply
-        # subject (each with its ack reply); the oldest go once there are too many.
-        to = self._replies.get(subject.rpartition(".")[2], "")
-        if to:
-            self._forward(to, reply, hdr, payload)
+    def _await_answer(self, inbox: str, reply: str, operation: str, payload: bytes) -> None:
+        """Carry the answers to ``inbox`` back to ``reply``: one answer for an API
+        request; for a pull request every message and status until it expires."""
+        many = operation.startswith("CONSUMER.MSG.NEXT.")
+
+        def answer(subject: str, ack: str, hdr: bytes | None, body: bytes) -> None:
+            if ack.startswith("$JS.ACK.") and subject != inbox:
+                ack = f"{ack}@{subject}"  # a pulled message keeps its subject (see _deliver)
+            self._forward(reply, ack, hdr, body)
+            if not many:
+                self._forget(inbox)
+
+        self._replies[inbox] = self.router.subscribe_internal(inbox, answer)
+        linger = _pull_expiry(payload) + LINGER if many else LINGER
+        asyncio.get_running_loop().call_later(linger, self._forget, inbox)
+        if len(self._replies) > MAX_REPLIES:
+            self._forget(next(iter(self._replies)))
+
+    def _forget(self, inbox: str) -> None:
+        sub = self._replies.pop(inbox, None)
+        if sub is not None:
+            self.router.unsubscribe_internal(sub)
 
     def _forward(self, subject: str, reply: str, hdr: bytes | None, payload: bytes) -> None:
         if not self.link.publish(subject, reply, hdr, payload):
