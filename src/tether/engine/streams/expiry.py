@@ -31,7 +31,7 @@ MARKER_REASON = b"Nats-Marker-Reason"
 class MessageTTLs:
     """The live per-message deadlines of one stream."""
 
-    __slots__ = ("_heap", "_slots", "_unsettled", "forever", "forgotten", "markers")
+    __slots__ = ("_heap", "_prune_at", "_slots", "_unsettled", "forever", "forgotten", "markers")
 
     def __init__(self) -> None:
         # slot key (deadline // SLOT_NS, rounded up) -> sequences due in it
@@ -46,6 +46,7 @@ class MessageTTLs:
         # Sequences added whose commit may not have landed yet (only these can be given
         # back): pruned as commits land.
         self._unsettled: set[int] = set()
+        self._prune_at = 1024
 
     def __len__(self) -> int:
         return sum(len(slot) for slot in self._slots.values())
@@ -55,8 +56,11 @@ class MessageTTLs:
         stream's highest committed sequence, for a message not committed yet."""
         if durable_seq is not None:
             unsettled = self._unsettled
-            if len(unsettled) >= 1024:
+            if len(unsettled) >= self._prune_at:
+                # Amortized: the set is rebuilt only once it has doubled since the last
+                # time (many publishes may await their commit at once).
                 self._unsettled = unsettled = {s for s in unsettled if s > durable_seq}
+                self._prune_at = max(1024, 2 * len(unsettled))
             unsettled.add(seq)
         key = -(-deadline // SLOT_NS)
         slot = self._slots.get(key)
