@@ -440,6 +440,8 @@ class Broker:
         or the error (an immediate rejection, or the commit failing). A duplicate
         (``Nats-Msg-Id`` inside the window) is acknowledged with the original seq.
         """
+        if stream.config.subject_transform:
+            subject = _stored_subject(stream.config, subject)
         self._publish_one(stream, subject, headers, payload, on_durable, None)
 
     def publish_reply(
@@ -452,6 +454,8 @@ class Broker:
         reply: str,
     ) -> None:
         """:meth:`publish`, answered through ``sink`` for ``reply`` instead of a callback."""
+        if stream.config.subject_transform:
+            subject = _stored_subject(stream.config, subject)
         self._publish_one(stream, subject, headers, payload, sink, [reply])
 
     def publish_many(
@@ -470,6 +474,8 @@ class Broker:
         ``replies[i]`` answers ``payloads[i]`` ("" when nobody asked); ``sink`` None
         means nobody is answered (a ``no_ack`` stream).
         """
+        if stream.config.subject_transform:
+            subject = _stored_subject(stream.config, subject)
         if stream.config.allow_msg_counter:
             # Each is refused for its missing Nats-Incr, as one publish would be.
             for payload, reply in zip(payloads, replies, strict=True):
@@ -485,8 +491,6 @@ class Broker:
                 target = sink if reply else None
                 self._publish_one(stream, subject, None, payload, target, [reply])
             return
-        if cfg.subject_transform:
-            subject = _stored_subject(cfg, subject)
         if cfg.sealed:
             if sink is not None:
                 asked = [reply for reply in replies if reply]
@@ -639,10 +643,12 @@ class Broker:
         replies: list[str] | None,
     ) -> None:
         """One publish, answered through ``target``: a callback (or None) when
-        ``replies`` is None, else a :class:`PubAckSink` for ``replies`` (one reply)."""
+        ``replies`` is None, else a :class:`PubAckSink` for ``replies`` (one reply).
+
+        ``subject`` is the one stored: the stream's input transform, if any, was
+        applied by the caller (a marker or a message stored again is not transformed
+        twice)."""
         cfg = stream.config
-        if cfg.subject_transform:
-            subject = _stored_subject(cfg, subject)
         now = self.clock.now()
         hdrs = headers or b""
         msg_id = ""
