@@ -300,6 +300,7 @@ def clone(tmp_path: Path) -> Path:
     fake(bin_dir / "python", log)
     for tool in ("tether", "ruff", "mypy"):
         fake(bin_dir / tool, log)
+    fake(root / "scripts" / "system-packages", "exit 0")  # no Debian packages here
     return root
 
 
