@@ -27,7 +27,10 @@ from tether.engine.streams.sourcing import (
     source_header,
     stream_identity,
 )
+from tether.storage.memory import MemoryStore
 from tether.storage.sqlite import SqliteStore
+
+NS = 1_000_000_000
 
 
 def body(**config: Any) -> bytes:
@@ -233,3 +236,32 @@ async def test_a_missing_origin_is_reported_then_followed(tmp_path: Path) -> Non
     await until(lambda: len(broker.get_stream("S")) == 1, within=10)
     assert "error" not in service.info(stream)["sources"][0]
     await close(broker, service)
+
+
+async def test_a_delete_marker_keeps_the_transformed_subject() -> None:
+    # The marker is stored under the subject of the message that expired, which the
+    # input transform already produced: transforming it again would move it elsewhere.
+    store = MemoryStore()
+    await store.open()
+    clock = FakeClock()
+    broker = Broker(store, clock)
+    await broker.load()
+    config = body(
+        name="T",
+        subjects=["k.*"],
+        subject_transform={"src": "k.*", "dest": "k.{{partition(7,1)}}"},
+        allow_msg_ttl=True,
+        subject_delete_marker_ttl=5 * NS,
+    )
+    await broker.create_stream("T", config)
+    seq = await publish(broker, "T", "k.abc", b"NATS/1.0\r\nNats-TTL: 1s\r\n\r\n")
+    stream = broker.get_stream("T")
+    meta = stream.meta(seq)
+    assert meta is not None and meta.subject == "k.5"
+    clock.advance(6)  # a TTL below the markers' is raised to it
+    await broker.store.flush()
+    marker = stream.last_by_subject("k.5")
+    assert marker > seq
+    assert [m.subject for m in await broker.read_many(stream, list(stream.seqs()))] == ["k.5"]
+    broker.close()
+    await store.close()
