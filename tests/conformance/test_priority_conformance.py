@@ -546,6 +546,58 @@ async def rate_limited_push(s: Session) -> None:
     await s.consumer("RL", "PULL", rate_limit_bps=80_000)
 
 
+async def ack_flow_control(s: Session) -> None:
+    """``ack_policy: flow_control``: the answers to flow control acknowledge."""
+    await s.stream("FC", subjects=["fc.>"])
+    for config in (
+        {"ack_policy": "flow_control"},
+        {"ack_policy": "flow_control", "deliver_subject": "fcx.a", "max_ack_pending": -1},
+        {"ack_policy": "flow_control", "deliver_subject": "fcx.a", "ack_wait": 5_000_000_000},
+        {"ack_policy": "flow_control", "deliver_subject": "fcx.a", "max_deliver": 3},
+    ):
+        await s.consumer("FC", "BAD", **config)
+    for config in (
+        {"idle_heartbeat": 1_000_000_000},
+        {"flow_control": True, "idle_heartbeat": 2_000_000_000},
+    ):
+        body = {
+            "stream_name": "FC",
+            "config": {
+                "durable_name": "PED",
+                "ack_policy": "flow_control",
+                "deliver_subject": "fcx.a",
+                "max_ack_pending": 5,
+                **config,
+            },
+            "pedantic": True,
+        }
+        await s.req(f"{API}.CONSUMER.CREATE.FC.PED", body)
+    await s.pub("fc.a", 3)
+    sub = await s.nc.subscribe("fcx.in")
+    await s.consumer(
+        "FC", "C", ack_policy="flow_control", deliver_subject="fcx.in", max_ack_pending=2
+    )
+    got: list[Any] = []
+    delivered = 0
+    while delivered < 3:
+        try:
+            msg = await sub.next_msg(timeout=2)
+        except Exception:
+            break
+        seen = observe(msg)
+        if seen[:3] == ("status", "100", "Idle Heartbeat"):
+            continue  # when they come is timing
+        got.append(seen)
+        delivered += seen[0] == "msg"
+        if msg.reply.startswith("$JS.FC."):
+            await s.info("FC", "C")
+            headers = {"Nats-Last-Consumer": "2", "Nats-Last-Stream": "2"}
+            await s.nc.publish(msg.reply, b"", headers=headers)
+    s.log.append(got)
+    await s.info("FC", "C")
+    await sub.unsubscribe()
+
+
 async def persist_mode(s: Session) -> None:
     for i, extra in enumerate(
         [
@@ -575,6 +627,7 @@ async def persist_mode(s: Session) -> None:
         persist_mode,
         replay_original,
         rate_limited_push,
+        ack_flow_control,
     ],
     ids=lambda f: f.__name__,
 )

@@ -408,3 +408,22 @@ def test_rate_limit_paces_a_push_consumer() -> None:
     assert len(w.sink.take()) == 1
     w.clock.advance(1)
     assert len(first) + 1 + len(w.sink.take()) == 6
+
+
+# -- ack_policy flow_control ---------------------------------------------------------------------------
+
+
+def test_flow_control_answers_acknowledge(w: World) -> None:
+    w.publish(n=3)
+    c = w.consumer(ack_policy="flow_control", deliver_subject="out", max_ack_pending=2)
+    assert c.config.flow_control and c.config.idle_heartbeat == NS and c.config.ack_wait == 0
+    c.set_push_interest(True)
+    events = w.sink.take()
+    assert msgs(events) == [1, 2]
+    (fc,) = [e for e in events if e[0] == "ctl"]
+    assert fc[2] == b"NATS/1.0 100 FlowControl Request\r\n\r\n"
+    w.clock.advance(60)  # no ack wait: nothing is redelivered
+    assert msgs(w.sink.take()) == []
+    c.flow_control_reply(fc[3], b"NATS/1.0\r\nNats-Last-Consumer: 2\r\nNats-Last-Stream: 2\r\n\r\n")
+    assert c.ack_floor == (2, 2)
+    assert msgs(w.sink.take()) == [3]

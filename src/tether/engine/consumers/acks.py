@@ -34,6 +34,7 @@ class AckHandling(Generic[Me]):
     notify_acks: bool
     ack_none: bool
     ack_all: bool
+    ack_fc: bool
     ack_wait: int
     backoff: list[int]
     max_deliver: int
@@ -223,6 +224,8 @@ class AckHandling(Generic[Me]):
                 self._exhausted(seq)
 
     def _arm_ack_timer(self, deadline: int) -> None:
+        if self.ack_fc:
+            return  # acked through flow control: nothing is redelivered on a timer
         if self._ack_timer is not None:
             if self._ack_timer_at <= deadline:
                 return

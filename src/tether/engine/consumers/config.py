@@ -32,7 +32,7 @@ MIN_HEARTBEAT = 100_000_000  # 100 ms
 DeliverPolicy = Literal[
     "all", "last", "new", "by_start_sequence", "by_start_time", "last_per_subject"
 ]
-AckPolicy = Literal["none", "all", "explicit"]
+AckPolicy = Literal["none", "all", "explicit", "flow_control"]
 ReplayPolicy = Literal["instant", "original"]
 PriorityPolicy = Literal["none", "overflow", "pinned_client", "prioritized"]
 DEFAULT_PINNED_TTL = 120 * NS  # nats-server's JsDefaultPinnedTTL
@@ -295,6 +295,10 @@ def apply_defaults(
         config.inactive_threshold = DEFAULT_INACTIVE_THRESHOLD
     if config.priority_policy == "pinned_client" and config.priority_timeout == 0:
         config.priority_timeout = DEFAULT_PINNED_TTL
+    if config.ack_policy == "flow_control" and not pedantic:
+        # Acks come with the answers to flow control, which needs heartbeats of 1 s.
+        config.flow_control = True
+        config.idle_heartbeat = NS
     return config
 
 
@@ -327,6 +331,8 @@ def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
         raise _e(400, 10184, "consumer backoff needs to be positive")
     if config.ack_wait < 0:
         raise _e(400, 10183, "consumer ack wait needs to be positive")
+    if config.ack_policy == "flow_control":
+        _validate_ack_flow_control(config)
     if config.backoff and config.max_deliver != -1 and len(config.backoff) > config.max_deliver:
         raise _e(400, 10116, "max deliver is required to be > length of backoff values")
     if len(config.description) > 4096:
@@ -375,6 +381,23 @@ def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
             except ValueError:
                 raise errors.invalid_json(f"parsing time {value!r}") from None
     _refuse_unsupported(config)
+
+
+def _validate_ack_flow_control(config: ConsumerConfig) -> None:
+    """``ack_policy: flow_control`` (2.14): a push consumer acknowledged by its answers
+    to flow control requests, checked as nats-server checks it."""
+    if not config.deliver_subject:
+        raise _e(400, 10218, "flow control ack policy requires a push based consumer")
+    if not config.flow_control:
+        raise _e(400, 10219, "flow control ack policy requires flow control")
+    if config.idle_heartbeat != NS:
+        raise errors.invalid_stream_config("flow control ack policy heartbeat needs to be 1s")
+    if config.max_ack_pending <= 0:
+        raise _e(400, 10220, "flow control ack policy requires max ack pending")
+    if config.ack_wait != 0 or config.backoff:
+        raise _e(400, 10221, "flow control ack policy requires unset ack wait")
+    if config.max_deliver > 0:
+        raise _e(400, 10222, "flow control ack policy requires unset max deliver")
 
 
 def _validate_priority(config: ConsumerConfig) -> None:

@@ -146,7 +146,9 @@ class Consumer(
         self.config = config
         self.is_pull = config.is_pull
         self.ack_none = config.ack_policy == "none"
-        self.ack_all = config.ack_policy == "all"
+        # flow_control acks like "all", with the answers to flow control requests.
+        self.ack_fc = config.ack_policy == "flow_control"
+        self.ack_all = config.ack_policy == "all" or self.ack_fc
         self.ack_wait = config.ack_wait if not self.ack_none else 0
         self.backoff = list(config.backoff)
         self.max_deliver = config.max_deliver if config.max_deliver > 0 else 0
@@ -197,7 +199,7 @@ class Consumer(
             self.state.forget(seq)
         for seq in [s for s in self.state.dead if meta(s) is None]:
             self.state.forget(seq)
-        for seq in list(self.state.pending):
+        for seq in list(self.state.pending if not self.ack_fc else ()):
             # Nothing is in flight after a restart: what was due goes back in the queue.
             entry = self.state.pending[seq]
             if entry[1] + self._wait_for(self.state.deliveries(seq)) <= self.clock.now():

@@ -17,6 +17,7 @@ from tether.engine.clock import Clock, Timer
 from tether.engine.consumers import pull_queue as pq
 from tether.engine.consumers.config import ConsumerConfig
 from tether.engine.consumers.cursor import PriorityCursor, SequenceCursor
+from tether.engine.consumers.delivery_state import DeliveryState
 from tether.engine.consumers.sinks import DeliverySink, Me
 from tether.engine.streams import Stream
 from tether.storage.base import MessageMeta
@@ -53,6 +54,9 @@ class PushDelivery(Generic[Me]):
     _fcid: str
     _fcsz: int
     _replay_end: int
+    _stalled: bool
+    ack_fc: bool
+    state: DeliveryState
 
     def pump(self) -> None:
         raise NotImplementedError
@@ -70,6 +74,9 @@ class PushDelivery(Generic[Me]):
         raise NotImplementedError
 
     def _throttled(self, size: int, now: int) -> bool:
+        raise NotImplementedError
+
+    def ack(self, seq: int) -> None:
         raise NotImplementedError
 
     def _arm_idle_timer(self) -> None:
@@ -93,6 +100,8 @@ class PushDelivery(Generic[Me]):
                 return
             got = self._candidate()
             if got is None:
+                if self.ack_fc and self._stalled and not self._fcid:
+                    self._send_flow_control()  # its answer acks what is outstanding
                 return
             meta, redelivery = got
             if self._replay_end and self._held(meta, now):
@@ -122,21 +131,30 @@ class PushDelivery(Generic[Me]):
 
     def _flow_control(self, size: int) -> None:
         if not self._fcid and self._pbytes > self._maxpb // 2:
-            token = "".join(random.choices(string.ascii_letters + string.digits, k=4))
-            self._fcid = f"$JS.FC.{self.stream.name}.{self.name}.{token}"
-            self._fcsz = self._pbytes
-            self.sink.control(self._me, self.config.deliver_subject, pq.FLOW_CONTROL, self._fcid)
+            self._send_flow_control()
         elif self._fcid and self._pbytes - self._fcsz >= self._maxpb:
             self._fcsz += size
 
-    def flow_control_reply(self, subject: str) -> None:
-        """The client answered a flow control request."""
+    def _send_flow_control(self) -> None:
+        token = "".join(random.choices(string.ascii_letters + string.digits, k=4))
+        self._fcid = f"$JS.FC.{self.stream.name}.{self.name}.{token}"
+        self._fcsz = self._pbytes
+        self.sink.control(self._me, self.config.deliver_subject, pq.FLOW_CONTROL, self._fcid)
+
+    def flow_control_reply(self, subject: str, headers: bytes | None = None) -> None:
+        """The client answered a flow control request. With ``ack_policy:
+        flow_control`` its ``Nats-Last-Stream`` header acknowledges everything up to
+        that stream sequence, as nats-server reads it."""
         if subject != self._fcid:
             return
         self._maxpb = min(self._maxpb * 2, FC_LIMIT)
         self._pbytes = max(self._pbytes - self._fcsz, 0)
         self._fcid = ""
         self._fcsz = 0
+        if self.ack_fc and headers:
+            last = _last_stream(headers)
+            if last > 0:
+                self.ack(last)
         self.pump()
 
     def set_push_interest(self, active: bool) -> None:
@@ -161,6 +179,19 @@ class PushDelivery(Generic[Me]):
         if now >= due:
             if self.push_active:
                 self.sink.control(self._me, self.config.deliver_subject, self._heartbeat_block())
+                if self.ack_fc and self.state.pending and not self._fcid:
+                    self._send_flow_control()  # acknowledges what went out since
             self._last_hb = now
             due = now + hb
         self._hb_timer = self.clock.call_later(max(due - now, 0) / NS, self._on_heartbeat)
+
+
+def _last_stream(headers: bytes) -> int:
+    """``Nats-Last-Stream`` of a flow control answer (the first one, case as sent), or 0."""
+    key = b"\r\nNats-Last-Stream:"
+    i = headers.find(key)
+    if i < 0:
+        return 0
+    end = headers.find(b"\r\n", i + len(key))
+    value = headers[i + len(key) : end if end >= 0 else len(headers)].strip()
+    return int(value) if value.isdigit() else 0

@@ -210,7 +210,7 @@ class ConsumerRegistry:
         if scfg.max_consumers > 0 and len(consumers) >= scfg.max_consumers:
             raise errors.max_consumers_reached()
         if scfg.retention == "workqueue":
-            if config.ack_policy != "explicit":
+            if config.ack_policy not in ("explicit", "flow_control"):
                 raise wq_requires_explicit_ack()
             if config.deliver_policy != "all":
                 raise wq_not_deliver_all()

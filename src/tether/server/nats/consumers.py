@@ -469,7 +469,7 @@ class ConsumerApi:
             return
         consumer = self.registry.find(tokens[2], tokens[3])
         if consumer is not None:
-            consumer.flow_control_reply(subject)
+            consumer.flow_control_reply(subject, headers)
 
     def _on_interest(self, subject: str) -> None:
         if is_literal(subject):
