@@ -156,24 +156,32 @@ TokenOpt = Annotated[str | None, typer.Option("--token", help="Its token (else r
 NameOpt = Annotated[str | None, typer.Option("--name", help="Display name.")]
 
 
-@producer_app.command("ls", cls=Command)
-def producer_ls(as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None) -> None:
-    """List producers."""
-    _listing(Api(http, context), "/producers", "Producers", "Producer", as_json)
+def _resource_commands(app: typer.Typer, kind: str, collection: str) -> None:
+    """``ls`` and ``add`` of producers or channels: the same routes, the same forms."""
+    lower = kind.lower()
+
+    @app.command("ls", cls=Command, help=f"List {lower}s.")
+    def ls(as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None) -> None:
+        _listing(Api(http, context), f"/{collection}", f"{kind}s", kind, as_json)
+
+    def add(
+        ident: str,
+        token: TokenOpt = None,
+        name: NameOpt = None,
+        as_json: JsonOpt = False,
+        http: HttpOpt = None,
+        context: ContextOpt = None,
+    ) -> None:
+        made = Api(http, context).call("PUT", f"/{lower}/{ident}", form=_form(token, name))
+        _made(kind, ident, made, as_json)
+
+    # The argument's help names the kind: set here, as annotations are read as text.
+    add.__annotations__["ident"] = Annotated[str, typer.Argument(help=f"{kind} id.", metavar=lower)]
+    app.command("add", cls=Command, help=f"Create a {lower} (its token is shown once).")(add)
 
 
-@producer_app.command("add", cls=Command)
-def producer_add(
-    producer: Annotated[str, typer.Argument(help="Producer id.")],
-    token: TokenOpt = None,
-    name: NameOpt = None,
-    as_json: JsonOpt = False,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
-) -> None:
-    """Create a producer (its token is shown once)."""
-    made = Api(http, context).call("PUT", f"/producer/{producer}", form=_form(token, name))
-    _made("Producer", producer, made, as_json)
+_resource_commands(producer_app, "Producer", "producers")
+_resource_commands(channel_app, "Channel", "channels")
 
 
 def _metadata_headers(pairs_: list[str]) -> dict[str, str]:
@@ -250,26 +258,6 @@ def broadcast(
     for location in locations:
         kind = "Scheduled" if "/scheduled-message/" in location else "Broadcast"
         typer.echo(f"{kind} {location.rsplit('/', 1)[-1]} to {channel} ({len(payload)} bytes)")
-
-
-@channel_app.command("ls", cls=Command)
-def channel_ls(as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None) -> None:
-    """List channels."""
-    _listing(Api(http, context), "/channels", "Channels", "Channel", as_json)
-
-
-@channel_app.command("add", cls=Command)
-def channel_add(
-    channel: ChannelArg,
-    token: TokenOpt = None,
-    name: NameOpt = None,
-    as_json: JsonOpt = False,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
-) -> None:
-    """Create a channel (its token is shown once)."""
-    made = Api(http, context).call("PUT", f"/channel/{channel}", form=_form(token, name))
-    _made("Channel", channel, made, as_json)
 
 
 @consumer_app.command("ls", cls=Command)

@@ -77,7 +77,10 @@ def _duration(ns: int) -> str:
     if not ns:
         return "unlimited"
     seconds = ns / 1e9
-    return f"{seconds:g}s" if seconds < 120 else f"{seconds / 60:g}m"
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * length:
+            return f"{seconds / length:g}{unit}"
+    return f"{seconds:g}s"
 
 
 @remote(stream_app, "ls")
