@@ -124,6 +124,8 @@ class StreamConfig(msgspec.Struct, kw_only=True):
             out["allow_atomic"] = True
         if self.allow_msg_schedules:
             out["allow_msg_schedules"] = True
+        if self.allow_batched:
+            out["allow_batched"] = True
         if self.metadata:
             out["metadata"] = dict(self.metadata)
         return out
@@ -135,7 +137,6 @@ _UNSUPPORTED = (
     ("mirror", "mirrors"),
     ("sources", "sources"),
     ("subject_transform", "subject transforms"),
-    ("allow_batched", "batch publish"),
 )
 
 _FIELDS = frozenset(StreamConfig.__struct_fields__) | {"pedantic"}

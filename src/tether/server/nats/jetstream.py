@@ -28,6 +28,7 @@ from tether.engine.streams import Stream
 from tether.engine.subjects import filters_overlap
 from tether.protocol.nats.commands import encode
 from tether.server.nats import requests
+from tether.server.nats.fast_batch import FastBatches
 from tether.server.nats.requests import (
     BodyError,
     DirectGetRequest,
@@ -167,8 +168,12 @@ class JetStreamApi:
         self.broker.listeners.append(self)
         self.broker.republisher.sink = self._republish
         self.broker.batches.on_abandoned = self._batch_abandoned
+        self._fast_batches = FastBatches(self.broker, self._send_reply)
         for stream in self.broker.streams.values():
             self.on_stream_changed(stream)
+
+    def _send_reply(self, to: str, body: bytes) -> None:
+        self.router.publish(None, to, "", None, body)
 
     def _batch_abandoned(self, batch: Any, reason: str) -> None:
         """nats-server's advisory for an atomic batch dropped before its commit."""
@@ -256,6 +261,7 @@ class JetStreamApi:
         for sub in self._captures.pop(stream.name, []):
             self.router.unsubscribe_internal(sub)
         self._pub_ack_prefix.pop(stream.name, None)
+        self._fast_batches.drop_stream(stream.name)
 
     def on_messages_committed(self, stream: Stream, seqs: list[int]) -> None:
         pass
@@ -278,12 +284,8 @@ class JetStreamApi:
                 self.pub_failed(name, [reply], errors.bad_request("subject is not valid UTF-8"))
             return
         if reply.endswith(FAST_BATCH):
-            # A fast-ingest batch (allow_batched, which this server does not offer): not
-            # stored, answered as nats-server answers on a stream without it.
-            if not stream.config.no_ack:
-                self.pub_failed(
-                    name, [reply], errors.ApiError(400, 10205, "batch publish is disabled")
-                )
+            # A fast-ingest batch message (allow_batched): its protocol is in the reply.
+            self._fast_batches.publish(stream, subject, reply, headers, payload)
             return
         try:
             if not answer:
