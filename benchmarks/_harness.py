@@ -476,6 +476,31 @@ def finish(benchmark: str, argv: list[str] | None, results: Sequence[Any], **fie
     return 1 if any(run.get("error") for run in runs) else 0
 
 
+async def fill_stream(url: str, messages: int, size: int, **config: Any) -> float:
+    """Create the stream BENCH (``bench.>``, plus ``config``) and publish ``messages`` of
+    ``size`` bytes over 16 subjects with the SDK's ``publish_async``; returns msg/s."""
+    from tether.client import ServiceUnavailable, connect
+
+    nc = await connect(url)
+    js = nc.jetstream(timeout=30, max_pending_acks=4000)
+    for attempt in range(50):  # a freshly started server may not answer the API yet
+        try:
+            await js.add_stream(name="BENCH", subjects=["bench.>"], **config)
+            break
+        except ServiceUnavailable:
+            if attempt == 49:
+                raise
+            await asyncio.sleep(0.1)
+    payload = b"x" * size
+    start = time.perf_counter()
+    for i in range(messages):
+        await js.publish_async(f"bench.{i % 16}", payload)
+    await js.publish_async_completed(timeout=300)
+    rate = messages / (time.perf_counter() - start)
+    await nc.close()
+    return rate
+
+
 # -- raw protocol ---------------------------------------------------------------------------------
 
 

@@ -26,33 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import Cli, describe, environment, finish, loadavg, start_server
-
-from tether.client import ServiceUnavailable, connect
+from _harness import Cli, describe, environment, fill_stream, finish, loadavg, start_server
 
 TARGET = 200_000  # backup messages per second
-
-
-async def fill(url: str, messages: int, size: int) -> float:
-    """Create BENCH and publish; returns messages per second."""
-    nc = await connect(url)
-    js = nc.jetstream(timeout=30, max_pending_acks=4000)
-    for attempt in range(50):  # a freshly started server may not answer the API yet
-        try:
-            await js.add_stream(name="BENCH", subjects=["bench.>"])
-            break
-        except ServiceUnavailable:
-            if attempt == 49:
-                raise
-            await asyncio.sleep(0.1)
-    payload = b"x" * size
-    start = time.perf_counter()
-    for i in range(messages):
-        await js.publish_async(f"bench.{i % 16}", payload)
-    await js.publish_async_completed(timeout=300)
-    rate = messages / (time.perf_counter() - start)
-    await nc.close()
-    return rate
 
 
 def timed_cli(args: list[str], url: str, python_args: list[str], timeout: float) -> float:
@@ -77,7 +53,7 @@ def measure(kind: str, messages: int, args: argparse.Namespace) -> dict[str, Any
     result: dict[str, Any] = {"server": kind, "messages": messages, "size": args.size}
     try:
         with start_server(kind, args, store=args.store, jetstream=True) as srv:
-            result["fill_rate"] = round(asyncio.run(fill(srv.url, messages, args.size)))
+            result["fill_rate"] = round(asyncio.run(fill_stream(srv.url, messages, args.size)))
             load = loadavg()
             took = timed_cli(["stream", "backup", str(work / "b")], srv.url, profile, args.timeout)
             result |= {"backup_s": round(took, 2), "backup_rate": round(messages / took)}
@@ -131,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     tether = next((r for r in results if r["server"] == "tether" and "error" not in r), None)
     if tether:
         verdict = "met" if tether["backup_rate"] >= TARGET else "NOT met"
-        print(f"target backup >= {TARGET:,} msg/s on Tether: {verdict}")
+        if tether["messages"] < 1_000_000:
+            verdict += " (a short run: the command's start-up weighs on its rate)"
+        print(f"target backup >= {TARGET:,} msg/s on Tether (1M messages): {verdict}")
     return finish("cli_backup", argv, results, env=json.loads(json.dumps(env)))
 
 

@@ -41,9 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import start_nats_server, start_tether  # after the sys.path tweak above
+from _harness import fill_stream, start_nats_server, start_tether  # after the sys.path tweak above
 
-from tether.client import ServiceUnavailable, connect
 from tether.spark import TetherDataSource, _runtime
 from tether.spark._fetch import RangePartition, read_partition
 from tether.spark.batch import TetherBatchReader
@@ -51,25 +50,8 @@ from tether.spark.options import read_options
 
 
 async def fill(url: str, messages: int, size: int) -> float:
-    """Create BENCH and publish; returns messages per second."""
-    nc = await connect(url)
-    js = nc.jetstream(timeout=30, max_pending_acks=4000)
-    for attempt in range(50):  # a freshly started server may not answer the API yet
-        try:
-            await js.add_stream(name="BENCH", subjects=["bench.>"], allow_direct=True)
-            break
-        except ServiceUnavailable:
-            if attempt == 49:
-                raise
-            await asyncio.sleep(0.1)
-    payload = b"x" * size
-    start = time.perf_counter()
-    for i in range(messages):
-        await js.publish_async(f"bench.{i % 16}", payload)
-    await js.publish_async_completed(timeout=120)
-    rate = messages / (time.perf_counter() - start)
-    await nc.close()
-    return rate
+    """Create BENCH (direct gets allowed) and publish; returns messages per second."""
+    return await fill_stream(url, messages, size, allow_direct=True)
 
 
 class TupleReader(TetherBatchReader):
