@@ -16,7 +16,7 @@ import typer
 
 from tether.cli._typer import group
 from tether.cli.output import count, emit_json, show, table
-from tether.cli.prompts import DefaultsOpt, Question, ask, interactive, seconds
+from tether.cli.prompts import DefaultsOpt, Question, ask, interactive, named, seconds
 from tether.cli.remote import (
     JsonOpt,
     Target,
@@ -196,10 +196,7 @@ def add(
     """Create a durable consumer (pull unless --target gives a deliver subject): flags,
     --config FILE.json, or answers to questions on a terminal (--defaults: none)."""
     asking = interactive(defaults=defaults, config=config)
-    if name is None:
-        if not asking:
-            raise typer.BadParameter("a consumer name is needed", param_hint="NAME")
-        name = str(typer.prompt("Consumer name"))
+    name = named(name, "consumer", asking)
     given: dict[str, Any] = {
         "filter_": filter_,
         "ack": ack,

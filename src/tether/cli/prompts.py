@@ -51,6 +51,15 @@ def interactive(*, defaults: bool, config: object) -> bool:
     return not defaults and config is None and sys.stdin.isatty() and sys.stdout.isatty()
 
 
+def named(name: str | None, kind: str, asking: bool) -> str:
+    """The NAME argument, asked for when it is missing on a terminal (else a usage error)."""
+    if name is not None:
+        return name
+    if not asking:
+        raise typer.BadParameter(f"a {kind} name is needed", param_hint="NAME")
+    return str(typer.prompt(f"{kind.capitalize()} name"))
+
+
 def ask(questions: Sequence[Question], given: dict[str, Any]) -> dict[str, Any]:
     """``given`` with every field that is None asked for on the terminal."""
     answers = dict(given)

@@ -14,7 +14,7 @@ import typer
 
 from tether.cli._typer import group
 from tether.cli.output import count, emit_json, show, size, table
-from tether.cli.prompts import DefaultsOpt, Question, ask, interactive, seconds, words, yes
+from tether.cli.prompts import DefaultsOpt, Question, ask, interactive, named, seconds, words, yes
 from tether.cli.remote import (
     Failure,
     JsonOpt,
@@ -224,10 +224,7 @@ def add(
     """Create a stream: flags, --config FILE.json (nats-server's JSON), or answers to
     questions on a terminal for what the flags leave out (--defaults: no questions)."""
     asking = interactive(defaults=defaults, config=config)
-    if name is None:
-        if not asking:
-            raise typer.BadParameter("a stream name is needed", param_hint="NAME")
-        name = str(typer.prompt("Stream name"))
+    name = named(name, "stream", asking)
     given: dict[str, Any] = {
         "subjects": subjects,
         "storage": storage,
