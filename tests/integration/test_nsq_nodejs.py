@@ -5,17 +5,17 @@ temporary directory; without node or npm the test is skipped, unless ``CI`` is s
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
 from tether.testing import RunningServer, run_server
+
+# Imported with --import-mode=importlib: the npm and node runner is a sibling module.
+sys.path.insert(0, str(Path(__file__).parent))
+from nodejs_support import npm_install, run_node
 
 SCRIPT = r"""
 const nsq = require('nsqjs')
@@ -59,31 +59,9 @@ writer.connect()
 """
 
 
-def _missing(why: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"{why} (CI is set: nsqjs must be tested)")
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
-def nsqjs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        _missing("node and npm are needed to test nsqjs")
-    where = tmp_path_factory.mktemp("nsqjs")
-    (where / "package.json").write_text('{"name": "nsqjs-check", "private": true}')
-    done = subprocess.run(
-        [str(npm), "install", "--no-audit", "--no-fund", "--silent", "nsqjs"],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        _missing(f"npm install nsqjs failed: {done.stderr.strip()[-500:]}")
-    (where / "check.js").write_text(SCRIPT)
-    yield where
+def nsqjs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return npm_install(tmp_path_factory, "nsqjs", ["nsqjs"], {"check.js": SCRIPT})
 
 
 @pytest.fixture(scope="module")
@@ -93,21 +71,12 @@ def server() -> Iterator[RunningServer]:
 
 
 def test_nsqjs_writer_and_reader_through_lookupd(nsqjs: Path, server: RunningServer) -> None:
-    done = subprocess.run(
-        [
-            "node",
-            "check.js",
-            f"{server.host}:{server.nsq_port}",
-            server.http_url,
-            "nsqjs.topic",
-        ],
-        cwd=nsqjs,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run_node(
+        nsqjs,
+        "check.js",
+        f"{server.host}:{server.nsq_port}",
+        server.http_url,
+        "nsqjs.topic",
     )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     assert "error" not in result, result
     assert sorted(result["seen"]) == [["four", 1], ["one", 1], ["three", 1], ["two", 2]]
