@@ -415,7 +415,7 @@ class Broker:
 
     def remove_messages(self, stream: Stream, seqs: list[int]) -> None:
         """Retention (interest, workqueue): drop acked messages, in the current commit."""
-        removed = [seq for seq in sorted(seqs) if stream.remove(seq) is not None]
+        removed = stream.remove_many(sorted(seqs))
         if removed:
             self._delete_seqs(stream, removed)
 

@@ -37,7 +37,7 @@ from tether.engine.consumers.config import (
     wq_requires_explicit_ack,
 )
 from tether.engine.consumers.consumer import Consumer
-from tether.engine.consumers.cursor import Matcher, StreamHead
+from tether.engine.consumers.cursor import Matcher, SequenceCursor, StreamHead
 from tether.engine.consumers.delivery_state import decode_state, encode_state
 from tether.engine.consumers.sinks import DeliverySink
 from tether.engine.streams import Stream, StreamListener
@@ -410,16 +410,16 @@ class ConsumerRegistry:
     def _retain(self, stream: Stream, seqs: list[int]) -> None:
         if self.broker.streams.get(stream.name) is not stream:
             return
-        consumers = list(self.streams.get(stream.name, {}).values())
-        removable: list[int] = []
-        meta_of = stream.meta
-        workqueue = stream.config.retention == "workqueue"
-        for seq in sorted(set(seqs)):
-            meta = meta_of(seq)
-            if meta is None:
-                continue
-            if workqueue or all(_done_with(c, meta) for c in consumers):
-                removable.append(seq)
+        metas = [m for m in map(stream.meta, sorted(set(seqs))) if m is not None]
+        if stream.config.retention != "workqueue":
+            # One pass per consumer over what the passes before it left (the common case
+            # is a few consumers and thousands of acks a tick): a message stays once any
+            # consumer still needs it.
+            for consumer in list(self.streams.get(stream.name, {}).values()):
+                metas = _done_with_all(consumer, metas)
+                if not metas:
+                    return
+        removable = [m.seq for m in metas]
         if removable:
             self._removing = True
             try:
@@ -514,6 +514,24 @@ class ConsumerRegistry:
 
     def all(self) -> list[Consumer]:
         return [c for consumers in self.streams.values() for c in consumers.values()]
+
+
+def _done_with_all(consumer: Consumer, metas: list[MessageMeta]) -> list[MessageMeta]:
+    """The messages of ``metas`` that ``consumer`` no longer needs (:func:`_done_with`
+    of each, with the consumer's parts looked up once)."""
+    cursor = consumer.cursor
+    if not isinstance(cursor, SequenceCursor) or not cursor.match.match_all:
+        return [m for m in metas if _done_with(consumer, m)]
+    state = consumer.state
+    pending, dead, lps = state.pending, state.dead, cursor.lps
+    next_seq = cursor.next_seq
+    if lps:
+        return [
+            m
+            for m in metas
+            if m.seq < next_seq and m.seq not in pending and m.seq not in dead and m.seq not in lps
+        ]
+    return [m for m in metas if m.seq < next_seq and m.seq not in pending and m.seq not in dead]
 
 
 def _done_with(consumer: Consumer, meta: MessageMeta) -> bool:

@@ -579,6 +579,7 @@ class Stream:
                 st.first_seq = last + 1 if last > 0 else 0
 
     def remove(self, seq: int) -> MessageMeta | None:
+        # remove_many below does the same for a run of sequences: keep them in step.
         meta = self._msgs.pop(seq, None)
         if meta is None:
             return None
@@ -602,6 +603,41 @@ class Stream:
                 order.popleft()
             st.first_seq = order[0] if order else st.last_seq + 1
         return meta
+
+    def remove_many(self, seqs: list[int]) -> list[int]:
+        """:meth:`remove` of each of ``seqs`` (ascending) in one pass, for retention's
+        batches of acknowledged messages: the sequences that were there."""
+        msgs = self._msgs
+        by_subject = self._by_subject
+        ttls = self.ttls
+        timed = ttls.forever or ttls.markers
+        removed: list[int] = []
+        size = 0
+        for seq in seqs:
+            meta = msgs.pop(seq, None)
+            if meta is None:
+                continue
+            removed.append(seq)
+            size += meta.size
+            dq = by_subject[meta.subject]
+            if dq[0] == seq:
+                dq.popleft()
+            else:
+                dq.remove(seq)
+            if not dq:
+                del by_subject[meta.subject]
+            if timed:
+                ttls.discard(seq)
+        if removed:
+            st = self.state
+            st.msgs -= len(removed)
+            st.bytes -= size
+            if st.first_seq not in msgs:
+                order = self._order
+                while order and order[0] not in msgs:
+                    order.popleft()
+                st.first_seq = order[0] if order else st.last_seq + 1
+        return removed
 
     def purge(self, filter_: str = "", up_to_seq: int = 0, keep: int = 0) -> list[int]:
         """nats-server's purge: optional subject filter, below ``up_to_seq``, keep newest N.
