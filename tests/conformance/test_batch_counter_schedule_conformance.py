@@ -142,6 +142,31 @@ async def test_atomic_batches(peers: Peers) -> None:
     await compare(peers, steps)
 
 
+async def test_schedules_and_api_levels_in_atomic_batches(peers: Peers) -> None:
+    config = {"name": "AS", "subjects": ["as.>"], "allow_atomic": True, "allow_msg_schedules": True}
+    at = _at(1)
+    plan = {"Nats-Schedule": f"@at {at}", "Nats-Schedule-Target": "as.out"}
+    steps: list[Step] = [
+        ("$JS.API.STREAM.CREATE.AS", config, None),
+        ("as.data", b"d", batch("s", 1)),
+        ("as.sched", b"d", batch("s", 2, "1", **plan)),
+        (
+            "as.sched2",
+            b"d",
+            batch("t", 1, **{"Nats-Schedule": "bogus", "Nats-Schedule-Target": "as.out"}),
+        ),
+        ("as.sched2", b"d", batch("t", 2, "1")),
+        ("as.x", b"d", batch("r", 1, **{"Nats-Required-Api-Level": "9"})),
+        ("as.x", b"d", batch("r2", 1)),
+        ("as.x", b"d", batch("r2", 2, "1", **{"Nats-Required-Api-Level": "x"})),
+        ("as.x", b"d", batch("r3", 1, "1", **{"Nats-Required-Api-Level": "1"})),
+        ("$JS.API.STREAM.MSG.GET.AS", {"last_by_subj": "as.x"}, None),
+    ]
+    await compare(peers, steps)
+    await asyncio.sleep(2.5)  # the schedule set by the batch fires
+    assert await stored(peers.tether, "AS") == await stored(peers.nats, "AS")
+
+
 async def test_inflight_limit(peers: Peers) -> None:
     steps: list[Step] = [
         (

@@ -149,6 +149,7 @@ class Broker:
         self._counters: dict[str, counters.CounterValues] = {}
         self._schedules: dict[tuple[str, str], sched.Schedule] = {}
         self._tasks: set[asyncio.Future[None]] = set()
+        self._producing = False  # storing what a schedule produced
         # Sends what streams with ``republish`` store, once durable (a front door
         # sets its sink).
         self.republisher = Republisher()
@@ -668,7 +669,7 @@ class Broker:
                 # The checks and their order are nats-server's: expectations, dedup,
                 # expected last msg id, rollup, sizes, then the discard-new limits.
                 fields = _header_fields(hdrs)
-                if fields.get(BATCH_ID):
+                if fields.get(BATCH_ID) and not self._producing:
                     self._publish_batched(stream, subject, hdrs, payload, fields, target, replies)
                     return
                 sourced = counters.SOURCED in fields
@@ -856,13 +857,28 @@ class Broker:
         written: set[str] = set()
         totals: dict[str, int] = {}
         prepared: list[tuple[str, bytes, bytes, str, int, str]] = []
+        # Schedules the batch sets and schedules it stops, by its message index.
+        schedules: dict[int, sched.Schedule] = {}
+        stops: dict[int, str] = {}
         total_size = 0
         for i, m in enumerate(msgs):
             f = m.fields
             if EXPECTED_LAST_MSG_ID in f:
                 raise batches_unsupported("Nats-Expected-Last-Msg-Id")
-            if f.get(sched.SCHEDULE) or sched.SCHEDULER in f:
-                raise batches_unsupported("Nats-Schedule")
+            headers = m.headers
+            if f.get(sched.SCHEDULE):
+                schedule = self._check_schedule(stream, m.subject, f)
+                if schedule is not None:
+                    schedules[i] = schedule
+                    if ROLLUP not in f:
+                        headers = sched.with_rollup(headers)
+                        f[ROLLUP] = b"sub"
+            elif sched.SCHEDULER in f or sched.NEXT in f:
+                stop = sched.check_stop(
+                    m.subject, cfg.allow_msg_schedules, f, self._is_schedule(stream)
+                )
+                if stop:
+                    stops[i] = stop
             expected_stream = f.get(EXPECTED_STREAM)
             if expected_stream and expected_stream != stream.name.encode():
                 raise errors.expected_stream_mismatch()
@@ -909,10 +925,10 @@ class Broker:
                 if parsed is None:
                     raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
                 priority = parsed
-            stream.check_size(len(m.headers), len(payload))
-            total_size += len(m.subject) + len(m.headers) + len(payload) + 16
+            stream.check_size(len(headers), len(payload))
+            total_size += len(m.subject) + len(headers) + len(payload) + 16
             written.add(m.subject)
-            prepared.append((m.subject, m.headers, payload, msg_id, priority, rollup))
+            prepared.append((m.subject, headers, payload, msg_id, priority, rollup))
         if cfg.discard == "new":
             st = stream.state
             if cfg.max_msgs > 0 and st.msgs + len(prepared) > cfg.max_msgs:
@@ -922,7 +938,9 @@ class Broker:
         name = stream.name
         first = stream.last_seq + 1
         fut = None
-        for subject, hdrs, payload, msg_id, priority, rollup in prepared:
+        for i, (subject, hdrs, payload, msg_id, priority, rollup) in enumerate(prepared):
+            if i in stops:
+                self._stop_schedule(stream, stops[i])
             removed = stream.rollup(subject, rollup) if rollup else []
             seq = stream.last_seq + 1
             msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
@@ -935,6 +953,12 @@ class Broker:
                 self._track_headers(stream, seq, now, hdrs, True)
             if cfg.allow_msg_counter:
                 self._counter_values(stream).set(seq, counters.read_value(payload))
+            schedule = schedules.get(i)
+            if schedule is not None:
+                schedule.stream = name
+                schedule.seq = seq
+                schedule.due_ns = schedule.pattern.first_due(now)
+                self._arm_schedule(schedule)
         assert fut is not None
         last_seq = stream.last_seq
         tick = self._tick_for(fut)
@@ -1089,7 +1113,13 @@ class Broker:
             if isinstance(result, errors.ApiError):
                 log.error("schedule %s of stream %s: %s", schedule.subject, stream.name, result)
 
-        self._publish_one(stream, schedule.target, headers, msg.data, failed, None)
+        # What a schedule produces keeps the schedule's headers, batch ones included
+        # (as on nats-server), but is one message, not part of a batch.
+        self._producing = True
+        try:
+            self._publish_one(stream, schedule.target, headers, msg.data, failed, None)
+        finally:
+            self._producing = False
         if nxt and self._schedules.get(key) is schedule:
             schedule.due_ns = nxt
             self._arm_schedule(schedule)
@@ -1544,6 +1574,7 @@ _BATCH_CHECKED = frozenset(
         counters.INCR,
         sched.SCHEDULE,
         sched.SCHEDULER,
+        sched.NEXT,
     )
 )
 

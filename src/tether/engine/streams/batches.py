@@ -14,6 +14,7 @@ The checks made while staging, their order, limits and errors are nats-server's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from tether.engine.errors import ApiError
 BATCH_ID = b"Nats-Batch-Id"
 BATCH_SEQ = b"Nats-Batch-Sequence"
 BATCH_COMMIT = b"Nats-Batch-Commit"
+REQUIRED_API_LEVEL = b"Nats-Required-Api-Level"
 
 MAX_BATCH_ID_LEN = 64
 # nats-server's defaults (its ``jetstream`` block can change them; so can Tether's).
@@ -62,6 +64,10 @@ def invalid_commit() -> ApiError:
 
 def duplicate_msg_id() -> ApiError:
     return ApiError(400, 10201, "atomic publish batch contains duplicate message id")
+
+
+def api_level_required() -> ApiError:
+    return ApiError(412, 10185, "JetStream minimum api level required")
 
 
 def too_many_inflight() -> ApiError:
@@ -130,6 +136,9 @@ class AtomicBatches:
         self._open: dict[tuple[str, str], Batch] = {}
         self._per_stream: dict[str, int] = {}
         self.on_abandoned = on_abandoned
+        # The JetStream API level the server offers (the front door sets it): a batch
+        # message asking for more ends its batch, as on nats-server.
+        self.api_level = 1
 
     def __len__(self) -> int:
         return len(self._open)
@@ -178,6 +187,9 @@ class AtomicBatches:
         try:
             if commit is not None and commit not in (b"1", b"eob"):
                 raise invalid_commit()
+            level = fields.get(REQUIRED_API_LEVEL)
+            if level and _level_unmet(level, self.api_level):
+                raise api_level_required()
             expected = len(batch.msgs) + 1 if batch is not None else 1
             if seq != expected or (commit == b"eob" and seq == 1):
                 raise incomplete()
@@ -186,8 +198,9 @@ class AtomicBatches:
         except ApiError as exc:
             if batch is not None:
                 self._close(batch)
-                if exc.err_code in (10176, 10199):
-                    self._abandoned(batch, "large" if exc.err_code == 10199 else "incomplete")
+                reason = _ABANDONED.get(exc.err_code)
+                if reason:
+                    self._abandoned(batch, reason)
             raise
         now = self.clock.now()
         if batch is None:
@@ -201,6 +214,8 @@ class AtomicBatches:
             last = msgs[-1]
             last.headers = with_commit_header(last.headers)
             return batch, msgs, True
+        if REQUIRED_API_LEVEL in fields:
+            headers = _without(headers, REQUIRED_API_LEVEL)  # not stored, as on nats-server
         batch.msgs.append(Staged(subject, headers, payload, fields))
         if commit is not None:
             self._close(batch)
@@ -245,6 +260,22 @@ class AtomicBatches:
     def _abandoned(self, batch: Batch, reason: str) -> None:
         if self.on_abandoned is not None:
             self.on_abandoned(batch, reason)
+
+
+# Why a batch ended by an error is announced as abandoned (the others end silently).
+_ABANDONED = {10176: "incomplete", 10199: "large", 10185: "unsupported"}
+_GO_ATOI = re.compile(rb"[+-]?[0-9]+")
+
+
+def _level_unmet(value: bytes, level: int) -> bool:
+    """``Nats-Required-Api-Level`` as nats-server reads it: not a number, or above."""
+    return _GO_ATOI.fullmatch(value) is None or int(value) > level
+
+
+def _without(headers: bytes, name: bytes) -> bytes:
+    lines = headers.split(b"\r\n")
+    kept = [line for line in lines if line.partition(b":")[0].strip() != name]
+    return b"\r\n".join(kept)
 
 
 def _batch_seq(raw: bytes | None) -> int | None:

@@ -168,6 +168,7 @@ class JetStreamApi:
         self.broker.listeners.append(self)
         self.broker.republisher.sink = self._republish
         self.broker.batches.on_abandoned = self._batch_abandoned
+        self.broker.batches.api_level = requests.API_LEVEL
         self._fast_batches = FastBatches(self.broker, self._send_reply)
         for stream in self.broker.streams.values():
             self.on_stream_changed(stream)
