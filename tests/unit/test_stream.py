@@ -526,3 +526,28 @@ def test_append_run_is_append_one_by_one(
     assert run.subjects_state(">") == one.subjects_state(">")
     assert (run.last_msg_id, run.state.last_ts) == (one.last_msg_id, one.state.last_ts)
     assert list(run.seqs_matching(0, ("a",))) == list(one.seqs_matching(0, ("a",)))
+
+
+# -- remove_many (interest retention's batches) ------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(
+    subjects=st.lists(st.sampled_from(["s.a", "s.b", "s.c"]), min_size=1, max_size=40),
+    gone=st.sets(st.integers(1, 45)),
+    batch=st.sets(st.integers(1, 45)),
+)
+def test_remove_many_is_remove_of_each(
+    subjects: list[str], gone: set[int], batch: set[int]
+) -> None:
+    one, many = make(), make()
+    for subject in subjects:
+        add(one, subject)
+        add(many, subject)
+    for seq in sorted(gone):  # holes first, as earlier ticks leave them
+        one.remove(seq)
+        many.remove(seq)
+    expected = [seq for seq in sorted(batch) if one.remove(seq) is not None]
+    assert many.remove_many(sorted(batch)) == expected
+    assert many.info_state() == one.info_state()
+    assert live(many) == live(one)
+    for subject in ("s.a", "s.b", "s.c"):
+        assert list(many.seqs_matching(0, (subject,))) == list(one.seqs_matching(0, (subject,)))
