@@ -15,6 +15,7 @@ import pytest
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 from nats.js.manager import JetStreamManager
 
+from tether.engine.streams.sourcing import go_hash
 from tether.testing import NatsServerProcess, find_nats_server, free_port, run_server
 
 pytestmark = pytest.mark.peer
@@ -106,7 +107,7 @@ async def test_tether_mirrors_and_sources_a_nats_server_stream(hub: Hub, tmp_pat
             assert first.headers is not None
             stamp = first.headers["Nats-Stream-Source"].split(" ")
             # <name>:<hash of the api prefix> <seq> <filter> <dest> <subject> <identity>
-            assert stamp[0].startswith("ORDERS:") and stamp[1:5] == [
+            assert stamp[0] == "ORDERS:" + go_hash(HUB) and stamp[1:5] == [
                 "1",
                 "orders.1",
                 ">",
@@ -190,6 +191,9 @@ async def test_nats_server_mirrors_and_sources_a_tether_stream(tmp_path: Path) -
                     )
                 copy = await rjsm.get_msg("SRC", 1)
                 assert copy.subject == "orig.3" and copy.headers is not None
+                # nats-server names an external origin with the hash Tether computes.
+                stamp = copy.headers["Nats-Stream-Source"].split(" ")
+                assert stamp[0] == "ORIG:" + go_hash("$JS.tether.API")
                 assert copy.headers["Nats-Stream-Source"].split(" ")[1:] == [
                     "3",
                     "orig.3",
