@@ -2,21 +2,20 @@
 consumer through the library's own priority group support (it keeps the pin id it is
 given and sends it back), ``unpin``, an ``overflow`` fetch, and consumer reset when the
 server's version lets nats.js use it. Without node or npm the test is skipped, unless
-``CI`` is set."""
+``CI`` is set (see ``nodejs_support``)."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
 from tether.testing import RunningServer, run_server
+
+sys.path.insert(0, str(Path(__file__).parent))
+from nodejs_support import npm_install, run_node
 
 PACKAGES = ["@nats-io/transport-node", "@nats-io/jetstream"]
 
@@ -85,31 +84,9 @@ main(process.argv[2]).catch((err) => done({ error: String(err) }))
 """
 
 
-def _missing(why: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"{why} (CI is set: nats.js must be tested)")
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
-def natsjs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        _missing("node and npm are needed to test nats.js")
-    where = tmp_path_factory.mktemp("natsjs")
-    (where / "package.json").write_text('{"name": "natsjs-check", "private": true}')
-    done = subprocess.run(
-        [str(npm), "install", "--no-audit", "--no-fund", "--silent", *PACKAGES],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        _missing(f"npm install of nats.js failed: {done.stderr.strip()[-500:]}")
-    (where / "check.js").write_text(SCRIPT)
-    yield where
+def natsjs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return npm_install(tmp_path_factory, "natsjs-priority", PACKAGES, {"check.js": SCRIPT})
 
 
 @pytest.fixture(scope="module")
@@ -123,16 +100,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def test_natsjs_priority_groups(natsjs: Path, server: RunningServer) -> None:
-    done = subprocess.run(
-        ["node", "check.js", server.url],
-        cwd=natsjs,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_node(natsjs, "check.js", server.url, timeout=90)
     assert "error" not in result, result
     assert result["first"] == ["m0", "m1", "m2", "m3"]
     assert result["onePin"] is True and result["infoPin"] is True
