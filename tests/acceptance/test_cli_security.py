@@ -123,3 +123,35 @@ def test_nkey_and_creds_flags(tmp_path: Path) -> None:
         one_line_failure(
             tether(tmp_path, "stream", "ls", *flags, "--creds", str(conf)), "credentials"
         )
+
+
+def test_jobs_over_https(tmp_path: Path) -> None:
+    """The jobs commands verify an https:// API with --tlsca, or with a context's CA."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost")
+    cert.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
+    cert.private_key_pem.write_to_path(tmp_path / "key.pem")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    conf = tmp_path / "https.conf"
+    conf.write_text(
+        f'tls {{\n  cert_file: "{tmp_path / "cert.pem"}"\n  key_file: "{tmp_path / "key.pem"}"\n'
+        "}\nhttps: -1\n"
+    )
+    with run_server(store="memory", args=["-c", str(conf)]) as srv:
+        api = f"https://localhost:{srv.http_port}"
+        ca_file = str(tmp_path / "ca.pem")
+        done = tether(
+            tmp_path, "jobs", "channel", "add", "orders", "--http", api, "--tlsca", ca_file
+        )
+        assert done.returncode == 0, done.stderr
+        one_line_failure(
+            tether(tmp_path, "jobs", "channel", "ls", "--http", api), "CERTIFICATE_VERIFY_FAILED"
+        )
+        done = tether(tmp_path, "context", "add", "web", "--http", api, "--tlsca", ca_file,
+                      "--select")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert tether(tmp_path, "jobs", "channel", "ls", "--json").stdout.split() == [
+            "[",
+            '"orders"',
+            "]",
+        ]

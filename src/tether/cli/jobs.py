@@ -9,16 +9,18 @@ API asks (see docs/http-api.md).
 from __future__ import annotations
 
 import os
+import ssl
+from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import urljoin
 
 import httpx
 import typer
 
-from tether.cli._typer import Command, group
+from tether.cli._typer import group
 from tether.cli.messages import read_body
 from tether.cli.output import emit_json, pairs, table
-from tether.cli.remote import ContextOpt, Failure, JsonOpt, Target, fail
+from tether.cli.remote import F, Failure, Flags, JsonOpt, Target, fail, flagged, tls_context
 
 DEFAULT_HTTP = "http://127.0.0.1:8222"
 
@@ -35,16 +37,51 @@ jobs_app.add_typer(channel_app, name="channel")
 jobs_app.add_typer(consumer_app, name="consumer")
 jobs_app.add_typer(dead_app, name="dead")
 
-HttpOpt = Annotated[
-    str | None,
-    typer.Option("--http", help="HTTP API URL (default: $TETHER_HTTP, the context, :8222)."),
-]
-ChannelTokenOpt = Annotated[
-    str | None, typer.Option("--channel-token", help="The channel's token.")
-]
-ConsumerTokenOpt = Annotated[
-    str | None, typer.Option("--consumer-token", help="The consumer's token.")
-]
+_PANEL = "HTTP API"
+# The flags of every jobs command: where the API is, how its TLS is checked, the tokens.
+_HTTP: Flags = {
+    "http": (
+        str | None,
+        typer.Option(
+            "--http",
+            help="HTTP API URL (default: $TETHER_HTTP, the context, :8222).",
+            rich_help_panel=_PANEL,
+        ),
+    ),
+    "tlsca": (
+        str | None,
+        typer.Option(
+            "--tlsca",
+            help="CA file to verify an https:// API (else the context's).",
+            rich_help_panel=_PANEL,
+        ),
+    ),
+    "context": (
+        str | None,
+        typer.Option("--context", help="Use this saved context.", rich_help_panel=_PANEL),
+    ),
+}
+_TOKENS: Flags = {
+    "channel_token": (
+        str | None,
+        typer.Option("--channel-token", help="The channel's token.", rich_help_panel=_PANEL),
+    ),
+    "consumer_token": (
+        str | None,
+        typer.Option("--consumer-token", help="The consumer's token.", rich_help_panel=_PANEL),
+    ),
+}
+
+
+def http_command(
+    app: typer.Typer, name: str, *, tokens: tuple[str, ...], **settings: Any
+) -> Callable[[F], F]:
+    """Register ``func(api: Api, ...)`` as the command ``name`` of ``app``, with the HTTP
+    API flags and the tokens it needs (``"channel"``, ``"consumer"``)."""
+    flags = {**{f"{t}_token": _TOKENS[f"{t}_token"] for t in tokens}, **_HTTP}
+    return flagged(app, name, flags, Api, **settings)
+
+
 ChannelArg = Annotated[str, typer.Argument(help="Channel id.")]
 ConsumerArg = Annotated[str, typer.Argument(help="Consumer id.")]
 
@@ -54,16 +91,21 @@ class Api:
 
     def __init__(
         self,
-        http: str | None,
-        context: str | None,
+        http: str | None = None,
+        context: str | None = None,
         channel_token: str | None = None,
         consumer_token: str | None = None,
+        tlsca: str | None = None,
     ) -> None:
         try:
-            base = http or os.environ.get("TETHER_HTTP") or Target(context=context).resolve().http
+            saved = Target(context=context, tlsca=tlsca).resolve()
+            # https:// with the context's (or --tlsca's) CA and client certificate, if any.
+            self.verify: ssl.SSLContext | bool = tls_context(saved) or True
         except Failure as exc:
             fail(str(exc))
+        base = http or os.environ.get("TETHER_HTTP") or saved.http
         self.base = (base or DEFAULT_HTTP).rstrip("/")
+        self.consumer_token = consumer_token
         self.headers: dict[str, str] = {}
         if channel_token:
             self.headers["X-Broker-Channel-Token"] = channel_token
@@ -100,6 +142,10 @@ class Api:
     ) -> httpx.Response:
         """One request; a refusal (4xx/5xx) or no answer is one line and exit 1."""
         url = path if path.startswith("http") else self.base + path
+        if form is not None and not form:
+            # An empty form is still a form (the API answers 415 to a PUT without one).
+            headers = {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})}
+            form, content = None, b""
         try:
             resp = httpx.request(
                 method,
@@ -110,6 +156,7 @@ class Api:
                 params=params,
                 content=content,
                 timeout=30,
+                verify=self.verify,
             )
         except httpx.HTTPError as exc:
             fail(f"cannot reach {self.base}: {str(exc) or type(exc).__name__}")
@@ -160,24 +207,23 @@ def _resource_commands(app: typer.Typer, kind: str, collection: str) -> None:
     """``ls`` and ``add`` of producers or channels: the same routes, the same forms."""
     lower = kind.lower()
 
-    @app.command("ls", cls=Command, help=f"List {lower}s.")
-    def ls(as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None) -> None:
-        _listing(Api(http, context), f"/{collection}", f"{kind}s", kind, as_json)
+    def ls(api: Api, as_json: JsonOpt = False) -> None:
+        _listing(api, f"/{collection}", f"{kind}s", kind, as_json)
 
     def add(
+        api: Api,
         ident: str,
         token: TokenOpt = None,
         name: NameOpt = None,
         as_json: JsonOpt = False,
-        http: HttpOpt = None,
-        context: ContextOpt = None,
     ) -> None:
-        made = Api(http, context).call("PUT", f"/{lower}/{ident}", form=_form(token, name))
+        made = api.call("PUT", f"/{lower}/{ident}", form=_form(token, name))
         _made(kind, ident, made, as_json)
 
     # The argument's help names the kind: set here, as annotations are read as text.
     add.__annotations__["ident"] = Annotated[str, typer.Argument(help=f"{kind} id.", metavar=lower)]
-    app.command("add", cls=Command, help=f"Create a {lower} (its token is shown once).")(add)
+    http_command(app, "ls", tokens=(), help=f"List {lower}s.")(ls)
+    http_command(app, "add", tokens=(), help=f"Create a {lower} (its token is shown once).")(add)
 
 
 _resource_commands(producer_app, "Producer", "producers")
@@ -196,8 +242,9 @@ def _metadata_headers(pairs_: list[str]) -> dict[str, str]:
     return headers
 
 
-@jobs_app.command("broadcast", cls=Command)
+@http_command(jobs_app, "broadcast", tokens=("channel",))
 def broadcast(
+    api: Api,
     channel: ChannelArg,
     body: Annotated[
         str | None, typer.Argument(help="The message (default: standard input, or '-').")
@@ -208,7 +255,6 @@ def broadcast(
     producer_token: Annotated[
         str | None, typer.Option("--producer-token", help="The producer's token.")
     ] = None,
-    channel_token: ChannelTokenOpt = None,
     message_id: Annotated[
         str | None, typer.Option("--id", help="Message id (deduplicated; else generated).")
     ] = None,
@@ -227,8 +273,6 @@ def broadcast(
     ] = None,
     count_: Annotated[int, typer.Option("--count", help="Send it this many times.")] = 1,
     as_json: JsonOpt = False,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Broadcast a message to a channel: a job for every consumer of the channel."""
     if count_ < 1:
@@ -245,7 +289,6 @@ def broadcast(
         "X-Broker-Scheduled-For": at,
     }
     headers.update({k: v for k, v in optional.items() if v is not None})
-    api = Api(http, context, channel_token=channel_token)
     locations = [
         api.send(
             "POST", f"/channel/{channel}/broadcast", content=payload, headers=headers
@@ -260,12 +303,13 @@ def broadcast(
         typer.echo(f"{kind} {location.rsplit('/', 1)[-1]} to {channel} ({len(payload)} bytes)")
 
 
-@consumer_app.command("ls", cls=Command)
+@http_command(consumer_app, "ls", tokens=())
 def consumer_ls(
-    channel: ChannelArg, as_json: JsonOpt = False, http: HttpOpt = None, context: ContextOpt = None
+    api: Api,
+    channel: ChannelArg,
+    as_json: JsonOpt = False,
 ) -> None:
     """List a channel's consumers with their type."""
-    api = Api(http, context)
     infos = [api.call("GET", url) for url in api.pages(f"/channel/{channel}/consumers")]
     if as_json:
         emit_json(infos)
@@ -277,16 +321,15 @@ def consumer_ls(
     )
 
 
-@consumer_app.command("add", cls=Command)
+@http_command(consumer_app, "add", tokens=())
 def consumer_add(
+    api: Api,
     channel: ChannelArg,
     consumer: ConsumerArg,
     token: Annotated[str | None, typer.Option("--token", help="Its token (else random).")] = None,
     kind: Annotated[str, typer.Option("--type", help="pull or push.")] = "pull",
     callback: Annotated[str | None, typer.Option("--callback", help="Push: URL to call.")] = None,
     as_json: JsonOpt = False,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Create a consumer of CHANNEL (pull by default)."""
     form = {"type": kind}
@@ -294,7 +337,7 @@ def consumer_add(
         form["token"] = token
     if callback:
         form["callbackUrl"] = callback
-    made = Api(http, context).call("PUT", f"/channel/{channel}/consumer/{consumer}", form=form)
+    made = api.call("PUT", f"/channel/{channel}/consumer/{consumer}", form=form)
     if as_json:
         emit_json(made)
         return
@@ -325,22 +368,18 @@ def _jobs_table(title: str, jobs: list[dict[str, Any]]) -> None:
     table(title, ["Job", "State", "Message", "Payload", "Deadline"], _job_rows(jobs))
 
 
-@jobs_app.command("ls", cls=Command)
+@http_command(jobs_app, "ls", tokens=("channel", "consumer"))
 def jobs_ls(
+    api: Api,
     channel: ChannelArg,
     consumer: ConsumerArg,
     state: Annotated[str, typer.Option("--state", help="queued or dead.")] = "queued",
     limit: Annotated[int, typer.Option("--limit", help="Most jobs shown (queued).")] = 100,
-    channel_token: ChannelTokenOpt = None,
-    consumer_token: ConsumerTokenOpt = None,
     as_json: JsonOpt = False,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """A pull consumer's jobs: queued (oldest first) or dead."""
     if state not in ("queued", "dead"):
         raise typer.BadParameter("--state is queued or dead")
-    api = Api(http, context, channel_token, consumer_token)
     base = f"/channel/{channel}/consumer/{consumer}"
     if state == "queued":
         jobs = (api.call("GET", f"{base}/queued-jobs", params={"limit": limit}) or {}).get(
@@ -376,8 +415,9 @@ def _dead(api: Api, base: str) -> list[dict[str, Any]]:
     return out
 
 
-@jobs_app.command("claim", cls=Command)
+@http_command(jobs_app, "claim", tokens=("channel", "consumer"))
 def claim(
+    api: Api,
     channel: ChannelArg,
     consumer: ConsumerArg,
     max_jobs: Annotated[int, typer.Option("--max", help="Most jobs (1-100).")] = 1,
@@ -385,17 +425,12 @@ def claim(
     timeout: Annotated[
         int, typer.Option("--timeout", help="Seconds added to each job's in-flight time.")
     ] = 0,
-    channel_token: ChannelTokenOpt = None,
-    consumer_token: ConsumerTokenOpt = None,
     as_json: JsonOpt = False,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Claim queued jobs: they become INFLIGHT until done or their deadline."""
     body: dict[str, Any] = {"Max": max_jobs, "Wait": wait}
     if timeout:
         body["IncrementalTimeout"] = timeout
-    api = Api(http, context, channel_token, consumer_token)
     got = api.call("POST", f"/channel/{channel}/consumer/{consumer}/claim", json_body=body)
     jobs = (got or {}).get("Result") or []
     for job in jobs:
@@ -406,21 +441,17 @@ def claim(
     _jobs_table(f"Claimed {len(jobs)}", jobs)
 
 
-@jobs_app.command("done", cls=Command)
+@http_command(jobs_app, "done", tokens=("channel", "consumer"))
 def done(
+    api: Api,
     channel: ChannelArg,
     consumer: ConsumerArg,
     job: Annotated[str, typer.Argument(help="Job id.")],
     state: Annotated[
         str, typer.Option("--state", help="DELIVERED, DEAD or QUEUED (retry).")
     ] = "DELIVERED",
-    channel_token: ChannelTokenOpt = None,
-    consumer_token: ConsumerTokenOpt = None,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Settle an in-flight job."""
-    api = Api(http, context, channel_token, consumer_token)
     api.call(
         "POST",
         f"/channel/{channel}/consumer/{consumer}/job/{job}",
@@ -429,18 +460,14 @@ def done(
     typer.echo(f"Job {job}: {state.upper()}")
 
 
-@dead_app.command("ls", cls=Command)
+@http_command(dead_app, "ls", tokens=("channel", "consumer"))
 def dead_ls(
+    api: Api,
     channel: ChannelArg,
     consumer: ConsumerArg,
-    channel_token: ChannelTokenOpt = None,
-    consumer_token: ConsumerTokenOpt = None,
     as_json: JsonOpt = False,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """A consumer's dead jobs."""
-    api = Api(http, context, channel_token, consumer_token)
     jobs = _dead(api, f"/channel/{channel}/consumer/{consumer}")
     if as_json:
         emit_json(jobs)
@@ -448,24 +475,20 @@ def dead_ls(
     _jobs_table(f"Dead jobs of {channel} > {consumer} ({len(jobs)})", jobs)
 
 
-@dead_app.command("requeue", cls=Command)
+@http_command(dead_app, "requeue", tokens=("channel", "consumer"))
 def dead_requeue(
+    api: Api,
     channel: ChannelArg,
     consumer: ConsumerArg,
     job: Annotated[str | None, typer.Argument(help="Only this job (else all).")] = None,
-    channel_token: ChannelTokenOpt = None,
-    consumer_token: ConsumerTokenOpt = None,
-    http: HttpOpt = None,
-    context: ContextOpt = None,
 ) -> None:
     """Put dead jobs back in the queue (one, or all of them)."""
-    api = Api(http, context, channel_token, consumer_token)
     base = f"/channel/{channel}/consumer/{consumer}"
     if job:
         api.call("POST", f"{base}/job/{job}/requeue-dead-job")
         typer.echo(f"Job {job} requeued")
         return
-    if not consumer_token:
+    if not api.consumer_token:
         raise typer.BadParameter("requeueing all dead jobs needs --consumer-token")
-    api.call("POST", f"{base}/dlq", form={"requeue": consumer_token})
+    api.call("POST", f"{base}/dlq", form={"requeue": api.consumer_token})
     typer.echo(f"Dead jobs of {channel} > {consumer} requeued")

@@ -182,39 +182,40 @@ class Target:
         return base
 
 
-def remote(
-    app: typer.Typer, name: str, *, without: tuple[str, ...] = (), **settings: Any
-) -> Callable[[F], F]:
-    """Register ``func`` as the command ``name`` of ``app``, with the connection flags.
+Flags = dict[str, tuple[Any, Any]]  # parameter name -> (annotation, typer.Option)
 
-    ``func`` takes the flags as its first parameter, ``target: Target``; the command
-    typer sees has the function's other parameters and then every connection flag but
-    those named in ``without`` (shown under their own heading in ``-h``).
+
+def flagged(
+    app: typer.Typer, name: str, flags: Flags, build: Callable[..., Any], **settings: Any
+) -> Callable[[F], F]:
+    """Register ``func`` as the command ``name`` of ``app``, with a shared set of flags.
+
+    ``func`` takes, as its first parameter, what ``build`` makes of those flags' values;
+    the command typer sees has the function's other parameters and then the flags.
     """
-    keys = [key for key in _CONNECTION if key not in without]
 
     def register(func: F) -> F:
         hints = get_type_hints(func, include_extras=True)
         own = [
-            p.replace(annotation=hints.get(p.name, p.annotation))
-            for p in inspect.signature(func).parameters.values()
-            if p.name != "target"
+            p.replace(
+                annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY
+            )
+            for p in list(inspect.signature(func).parameters.values())[1:]
         ]
-        flags = [
+        shared = [
             inspect.Parameter(
                 key,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=False if kind is bool else None,
                 annotation=Annotated[kind, opt],
             )
-            for key, (kind, opt) in _CONNECTION.items()
-            if key in keys
+            for key, (kind, opt) in flags.items()
         ]
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + flags
+        params = own + shared
 
         def command(**kwargs: Any) -> Any:
-            target = Target(**{key: kwargs.pop(key) for key in keys})
-            return func(target, **kwargs)
+            built = build(**{key: kwargs.pop(key) for key in flags})
+            return func(built, **kwargs)
 
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
@@ -228,7 +229,16 @@ def remote(
     return register
 
 
-def _tls(ctx: Context) -> ssl.SSLContext | None:
+def remote(
+    app: typer.Typer, name: str, *, without: tuple[str, ...] = (), **settings: Any
+) -> Callable[[F], F]:
+    """Register ``func(target: Target, ...)`` as the command ``name`` of ``app``, with
+    every connection flag but those named in ``without`` (under *Connection* in ``-h``)."""
+    flags = {key: flag for key, flag in _CONNECTION.items() if key not in without}
+    return flagged(app, name, flags, Target, **settings)
+
+
+def tls_context(ctx: Context) -> ssl.SSLContext | None:
     """The TLS context the flags ask for; None leaves it to the URL and the server's INFO."""
     if not (ctx.tlsca or ctx.tlscert or ctx.tlskey):
         return None
@@ -245,7 +255,7 @@ def _tls(ctx: Context) -> ssl.SSLContext | None:
 
 async def open_connection(target: Target) -> Connection:
     ctx = target.resolve()
-    tls = _tls(ctx)
+    tls = tls_context(ctx)
     try:
         return await connect(
             ctx.server,
