@@ -33,8 +33,6 @@ from tether.engine.consumers.config import ConsumerConfig
 from tether.engine.consumers.pull_queue import PullRequest
 
 NS = 1_000_000_000
-# Requests that are not JSON (a bare batch number) have no priority: they go last.
-NO_PRIORITY = (1 << 31) - 1
 _PIN_CHARS = string.ascii_letters + string.digits
 
 WRONG_PIN_ID_T = (

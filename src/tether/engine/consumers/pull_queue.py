@@ -14,6 +14,8 @@ import msgspec
 from tether.engine.clock import Timer
 
 NS = 1_000_000_000
+# The priority of a request that is not JSON (a bare batch number): after all others.
+NO_PRIORITY = (1 << 31) - 1
 
 NO_MESSAGES = b"NATS/1.0 404 No Messages\r\n\r\n"
 REQUESTS_PENDING = b"NATS/1.0 408 Requests Pending\r\n\r\n"
@@ -212,7 +214,7 @@ class PullRequest:
         self.min_pending = 0
         self.min_ack_pending = 0
         self.pin_id = ""
-        self.priority = (1 << 31) - 1
+        self.priority = NO_PRIORITY
 
     def cancel_timers(self) -> None:
         if self.timer is not None:
