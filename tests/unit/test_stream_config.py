@@ -137,7 +137,10 @@ def test_duplicate_window_defaults_to_two_minutes_capped_by_max_age() -> None:
         ({"subjects": ["$JS.API.>"]}, "subjects that overlap with jetstream api require no-ack"),
         ({"subjects": ["$SYS.>"]}, "subjects that overlap with system api require no-ack"),
         ({"num_replicas": 6}, "maximum replicas is 5"),
-        ({"mirror": {"name": "O"}}, "mirrors not supported"),
+        (
+            {"mirror": {"name": "O", "consumer": {"name": "C"}}},
+            "durable sourcing consumers not supported",
+        ),
         ({"subject_delete_marker_ttl": NS // 2}, "subject delete marker TTL must be at least 1"),
     ],
 )

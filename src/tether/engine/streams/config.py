@@ -2,20 +2,23 @@
 
 The checks follow nats-server's ``checkStreamCfg`` and ``configUpdateCheck`` in the
 same order, with the same error codes and texts, so a client sees the same error for
-the same mistake. Features of nats-server that Tether does not implement (mirrors,
-sources, republish, subject transforms, subject delete markers, counters, schedules,
-atomic batches) are decoded so that requests carrying their zero values work, and
-refused with a clear error when actually asked for. ``allow_msg_ttl`` is accepted (nats-py
+the same mistake (mirrors, sources and subject transforms are checked in
+``sourcing``). Features of nats-server that Tether does not implement (republish,
+subject delete markers, counters, schedules, atomic batches) are decoded so that
+requests carrying their zero values work, and refused with a clear error when actually
+asked for. ``allow_msg_ttl`` is accepted (nats-py
 sets it on every KV bucket) but a message that carries a TTL is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
 
 from tether.engine import errors
+from tether.engine.streams import sourcing
 from tether.engine.streams.republish import check_republish
 from tether.engine.subjects import filters_overlap, is_subset, is_valid_filter
 
@@ -86,7 +89,8 @@ class StreamConfig(msgspec.Struct, kw_only=True):
         out: dict[str, Any] = {"name": self.name}
         if self.description:
             out["description"] = self.description
-        out["subjects"] = list(self.subjects)
+        if self.subjects:  # a mirror (or a stream fed only by sources) has none
+            out["subjects"] = list(self.subjects)
         out["retention"] = self.retention
         out["max_consumers"] = self.max_consumers
         out["max_msgs"] = self.max_msgs
@@ -101,7 +105,14 @@ class StreamConfig(msgspec.Struct, kw_only=True):
         out["num_replicas"] = self.num_replicas
         if self.no_ack:
             out["no_ack"] = True
-        out["duplicate_window"] = self.duplicate_window
+        if self.duplicate_window:
+            out["duplicate_window"] = self.duplicate_window
+        if self.mirror:
+            out["mirror"] = self.mirror
+        if self.sources:
+            out["sources"] = self.sources
+        if self.subject_transform:
+            out["subject_transform"] = self.subject_transform
         out["compression"] = self.compression
         if self.first_seq:
             out["first_seq"] = self.first_seq
@@ -134,9 +145,6 @@ class StreamConfig(msgspec.Struct, kw_only=True):
 # Settings nats-server has and Tether does not: refused when not at their zero value.
 _UNSUPPORTED = (
     ("placement", "placement"),
-    ("mirror", "mirrors"),
-    ("sources", "sources"),
-    ("subject_transform", "subject transforms"),
 )
 
 _FIELDS = frozenset(StreamConfig.__struct_fields__) | {"pedantic"}
@@ -186,8 +194,13 @@ def has_path_separators(name: str) -> bool:
     return "/" in name or "\\" in name
 
 
-def normalize(config: StreamConfig) -> StreamConfig:
-    """Fill defaults and validate, as nats-server's ``checkStreamCfg``; raises ApiError."""
+def normalize(
+    config: StreamConfig, lookup: Callable[[str], StreamConfig | None] | None = None
+) -> StreamConfig:
+    """Fill defaults and validate, as nats-server's ``checkStreamCfg``; raises ApiError.
+
+    ``lookup`` finds the server's other streams, for the checks of mirrors and sources
+    that look at their origins (None: those are skipped)."""
     cfg = config
     if not is_valid_name(cfg.name):
         raise errors.invalid_stream_name()
@@ -217,7 +230,7 @@ def normalize(config: StreamConfig) -> StreamConfig:
         raise errors.invalid_stream_config("max age can not be negative")
     if 0 < cfg.max_age < MIN_MAX_AGE:
         raise errors.invalid_stream_config("max age needs to be >= 100ms")
-    if cfg.duplicate_window == 0:
+    if cfg.duplicate_window == 0 and not cfg.mirror and not cfg.sources:
         if cfg.max_age and cfg.max_age < DEFAULT_DUPLICATE_WINDOW:
             cfg.duplicate_window = cfg.max_age
         else:
@@ -234,7 +247,9 @@ def normalize(config: StreamConfig) -> StreamConfig:
     if cfg.deny_purge and cfg.allow_rollup_hdrs:
         raise errors.invalid_stream_config("roll-ups require the purge permission")
     _check_discard_new_per_subject(cfg)
+    sourcing.check_mirror_and_sources(cfg, lookup)
     _check_subjects(cfg)
+    sourcing.check_input_transform(cfg)
     if cfg.republish is not None:
         cfg.republish = check_republish(cfg.republish, cfg.subjects)
     for field, feature in _UNSUPPORTED:
@@ -319,8 +334,10 @@ def _check_discard_new_per_subject(cfg: StreamConfig) -> None:
 
 def _check_subjects(cfg: StreamConfig) -> None:
     if not cfg.subjects:
-        # A stream without subjects captures its own name.
-        cfg.subjects = [cfg.name]
+        # A stream without subjects captures its own name, unless it is fed by a
+        # mirror or sources.
+        if not cfg.mirror and not cfg.sources:
+            cfg.subjects = [cfg.name]
         return
     seen: set[str] = set()
     for i, subject in enumerate(cfg.subjects):
@@ -385,6 +402,7 @@ def check_update(old: StreamConfig, new: StreamConfig) -> None:
         )
     if old.deny_purge and not new.deny_purge:
         raise errors.invalid_stream_config("stream configuration update can not cancel deny purge")
+    sourcing.check_mirror_update(old, new)
     _check_discard_new_per_subject(new)
     if old.allow_msg_ttl and not new.allow_msg_ttl:
         raise errors.invalid_stream_config("message TTL status can not be disabled")
