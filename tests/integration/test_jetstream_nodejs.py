@@ -1,9 +1,11 @@
 """nats.js (the ``@nats-io`` v3 packages) against ``tether serve`` and the real nats-server,
 with the results compared: priority groups (pinned client with ``consume``/``fetch``, unpin and
-the advisories, overflow, prioritized), consumer reset, atomic batches and fast ingest,
-counters, message schedules, per-message TTL on publish, mirrors, sources and subject
-transforms, batched direct gets with ``multi_last``, what the server reports, and streams
-created with ``sendRequiredApiLevel``. One node script does every scenario and prints them as
+the advisories, overflow with ``min_pending``/``min_ack_pending``, prioritized), consumer reset,
+atomic batches (errors and the 1000-message limit) and fast ingest, counters (also summed from
+sources), message schedules (``@at``, ``@every`` with source and TTL, cron, cancelling),
+per-message TTL on publish, mirrors, sources and subject transforms, batched direct gets with
+``multi_last``, every stream and consumer config as given back, what the server reports, and
+streams created with ``sendRequiredApiLevel``. One node script does every scenario and prints them as
 JSON; it runs against both servers at once. (KV per-key TTL and markers have their own test.)
 npm has no nats.js package for counters or batches of its own: counters go through raw
 ``Nats-Incr`` headers, batches through ``@nats-io/jetstream``."""
@@ -53,7 +55,8 @@ async function attempt (fn) {
 }
 const hdrs = (m) => {
   const h = {}
-  if (m.headers) for (const [k, v] of m.headers) h[k] = v.join(',')
+  const mh = m.headers || m.header
+  if (mh) for (const [k, v] of mh) h[k] = v.join(',')
   return h
 }
 async function until (fn, ms = 5000) {
@@ -373,6 +376,215 @@ async function main (url) {
     return r
   })
 
+  await scenario('batch_errors', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'BATE', subjects: ['bate.>'], allow_atomic: true })
+    await js.publish('bate.x', '0')
+    r.wrong_last = await attempt(async () => {
+      const b = await js.startBatch('bate.a', '1', { expect: { lastSequence: 99 } })
+      b.add('bate.b', '2')
+      return await b.commit('bate.c', '3')
+    })
+    r.msg_id = await attempt(async () => {
+      const b = await js.startBatch('bate.a', '1')
+      const h = headers(); h.set('Nats-Msg-Id', 'dup')
+      b.add('bate.b', '2', { headers: h })
+      const ack = await b.commit('bate.c', '3')
+      return { seq: ack.seq, count: ack.count, batch: ack.batch === b.id }
+    })
+    r.subject_seq = await attempt(async () => {
+      const b = await js.startBatch('bate.a', '1', { expect: { lastSubjectSequence: 0 } })
+      b.add('bate.x', '2', { expect: { lastSubjectSequence: 1 } })
+      const ack = await b.commit('bate.c', '3')
+      return { seq: ack.seq, count: ack.count }
+    })
+    r.outside = await attempt(async () => {
+      const b = await js.startBatch('bate.a', '1')
+      return await b.commit('elsewhere.c', '3')
+    })
+    r.stored = (await jsm.streams.info('BATE', { subjects_filter: '>' })).state.subjects
+    const h = headers(); h.set('Nats-Incr', '1')
+    r.incr_disabled = await attempt(() => js.publish('bate.n', undefined, { headers: h }))
+    return r
+  })
+
+  await scenario('schedule_repeat', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'REP', subjects: ['rep.>'], allow_msg_schedules: true, allow_msg_ttl: true })
+    await js.publish('rep.src', 'from-source')
+    await js.publish('rep.s', 'body', {
+      schedule: { specification: { every: '1s' }, target: 'rep.t', ttl: '1h', source: 'rep.src' }
+    })
+    const fired = await until(async () => {
+      const i = await jsm.streams.info('REP', { subjects_filter: 'rep.t' })
+      return (i.state.subjects || {})['rep.t'] >= 2
+    }, 6000)
+    await js.publish('rep.c', undefined, { cancelSchedule: { scheduleSubject: 'rep.s' } })
+    r.fired_twice = fired
+    const m = await jsm.streams.getMessage('REP', { last_by_subj: 'rep.t' })
+    const h = hdrs(m)
+    r.fired = [m.subject, m.string(), h['Nats-Scheduler'], h['Nats-TTL'], typeof h['Nats-Schedule-Next']]
+    await sleep(1300)
+    const i = await jsm.streams.info('REP', { subjects_filter: '>' })
+    r.cancelled = i.state.subjects['rep.s'] === undefined
+    return r
+  })
+
+  await scenario('sourcing_more', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'SRC2', subjects: ['s2.>'] })
+    for (let i = 1; i <= 4; i++) await js.publish(`s2.${i % 2 ? 'odd' : 'even'}`, `${i}`)
+    await jsm.streams.add({
+      name: 'FMIR', mirror: { name: 'SRC2', filter_subject: 's2.odd', opt_start_seq: 2 }
+    })
+    await jsm.streams.add({
+      name: 'FSRC', subjects: ['own.>'],
+      sources: [{ name: 'SRC2', opt_start_seq: 2, filter_subject: 's2.even' }]
+    })
+    await until(async () => (await jsm.streams.info('FSRC')).state.messages === 2)
+    await until(async () => (await jsm.streams.info('FMIR')).state.messages === 1)
+    const fm = await jsm.streams.info('FMIR')
+    r.fmir = [fm.state.messages, fm.state.first_seq, fm.state.last_seq, fm.mirror?.filter_subject]
+    const fs = await jsm.streams.info('FSRC')
+    r.fsrc = [fs.state.messages, (fs.sources || []).map((x) => [x.name, x.filter_subject, x.lag])]
+    r.mirror_update = await attempt(() => jsm.streams.update('FMIR', { mirror: { name: 'ORIG' } }))
+    r.add_source = await attempt(async () => (await jsm.streams.update('FSRC', {
+      sources: [{ name: 'SRC2', opt_start_seq: 2, filter_subject: 's2.even' }, { name: 'ORIG' }]
+    })).config.sources.map((x) => x.name))
+    await until(async () => (await jsm.streams.info('FSRC')).state.messages === 5)
+    r.after_add = (await jsm.streams.info('FSRC')).state.messages
+    r.missing_source = await attempt(async () => {
+      const i = await jsm.streams.add({ name: 'LOST', mirror: { name: 'NOPE' } })
+      return [i.mirror, i.state.messages]
+    })
+    r.self_source = await attempt(() => jsm.streams.add({ name: 'SELF', subjects: ['self.>'], sources: [{ name: 'SELF' }] }))
+    return r
+  })
+
+  await scenario('direct_more', async () => {
+    const r = {}
+    const collect = async (it) => {
+      const got = []
+      for await (const m of await it) got.push([m.subject, m.seq, m.pending])
+      return got
+    }
+    r.max_bytes = await attempt(() => collect(jsm.direct.getBatch('DIR', { seq: 1, batch: 5, max_bytes: 10 })))
+    r.wild_next = await attempt(() => collect(jsm.direct.getBatch('DIR', { seq: 2, batch: 2, next_by_subj: 'd.*' })))
+    r.none = await attempt(() => collect(jsm.direct.getLastMessagesFor('DIR', { multi_last: ['x.>'] })))
+    r.beyond = await attempt(() => collect(jsm.direct.getBatch('DIR', { seq: 99, batch: 2 })))
+    r.limited = await attempt(() => collect(jsm.direct.getLastMessagesFor('DIR', { multi_last: ['d.>'], batch: 2 })))
+    r.single = await attempt(async () => {
+      const m = await jsm.direct.getMessage('DIR', { next_by_subj: 'd.c', seq: 1 })
+      return [m.subject, m.seq]
+    })
+    r.missing = await attempt(async () => await jsm.direct.getMessage('DIR', { last_by_subj: 'd.zzz' }))
+    return r
+  })
+
+  await scenario('priority_more', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'PM', subjects: ['pm.>'] })
+    await jsm.consumers.add('PM', {
+      durable_name: 'p', ack_policy: 'explicit', priority_groups: ['A'], priority_policy: 'prioritized'
+    })
+    const c = await js.consumers.get('PM', 'p')
+    const low = []
+    const high = []
+    const take = async (priority, into) => {
+      const it = await c.fetch({ max_messages: 1, expires: 3000, group: 'A', priority })
+      for await (const m of it) { into.push(m.string()); m.ack() }
+    }
+    // Both pulls wait; the lower number is served first.
+    const waiting = [take(5, low), take(0, high)]
+    await sleep(300)
+    await js.publish('pm.a', 'first')
+    await sleep(300)
+    await js.publish('pm.a', 'second')
+    await Promise.all(waiting)
+    r.prioritized = { priority0: high, priority5: low }
+    await jsm.consumers.add('PM', {
+      durable_name: 'o', ack_policy: 'explicit', priority_groups: ['A'], priority_policy: 'overflow'
+    })
+    const o = await js.consumers.get('PM', 'o')
+    const held = []
+    for await (const m of await o.fetch({ max_messages: 1, expires: 1000, group: 'A' })) held.push(m)
+    const pull = async (opts) => {
+      const got = []
+      for await (const m of await o.fetch({ max_messages: 1, expires: 1000, group: 'A', ...opts })) {
+        got.push(m.string()); m.ack()
+      }
+      return got
+    }
+    r.min_ack_pending_unmet = await attempt(() => pull({ min_ack_pending: 2 }))
+    r.min_ack_pending_met = await attempt(() => pull({ min_ack_pending: 1 }))
+    held.forEach((m) => m.ack())
+    return r
+  })
+
+  await scenario('counter_sources', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'C1', subjects: ['c1.>'], allow_msg_counter: true })
+    await jsm.streams.add({ name: 'C2', subjects: ['c2.>'], allow_msg_counter: true })
+    await jsm.streams.add({
+      name: 'CSUM', subjects: ['csum.>'], allow_msg_counter: true,
+      sources: [
+        { name: 'C1', subject_transforms: [{ src: 'c1.>', dest: 'csum.>' }] },
+        { name: 'C2', subject_transforms: [{ src: 'c2.>', dest: 'csum.>' }] }
+      ]
+    })
+    const incr = async (subj, v) => {
+      const h = headers(); h.set('Nats-Incr', v)
+      return (await js.publish(subj, undefined, { headers: h })).val
+    }
+    r.vals = [await incr('c1.x', '3'), await incr('c2.x', '4'), await incr('c1.x', '10')]
+    await until(async () => (await jsm.streams.info('CSUM')).state.messages === 3)
+    const m = await jsm.streams.getMessage('CSUM', { last_by_subj: 'csum.x' })
+    r.sum = m.json()
+    const sources = JSON.parse(m.header.get('Nats-Counter-Sources') || '{}')
+    r.sources = Object.fromEntries(Object.entries(sources).map(([k, v]) => [k, v]))
+    r.local = await incr('csum.x', '100')
+    return r
+  })
+
+  await scenario('batch_limits', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'BIG', subjects: ['big.>'], allow_atomic: true })
+    r.too_large = await attempt(async () => {
+      const b = await js.startBatch('big.a', '0')
+      for (let i = 1; i < 1000; i++) b.add('big.a', `${i}`)
+      const ack = await b.commit('big.a', 'last')
+      return { seq: ack.seq, count: ack.count }
+    })
+    r.exactly = await attempt(async () => {
+      const b = await js.startBatch('big.a', '0')
+      for (let i = 1; i < 999; i++) b.add('big.a', `${i}`)
+      const ack = await b.commit('big.a', 'last')
+      return { seq: ack.seq, count: ack.count }
+    })
+    r.stored = (await jsm.streams.info('BIG')).state.messages
+    return r
+  })
+
+  await scenario('configs', async () => {
+    // Every config as the server gives it back, less the _nats.* metadata nats-server adds
+    // about its own versions (Tether keeps only what the client set: docs/compatibility.md).
+    const r = {}
+    const clean = (c) => {
+      const x = { ...c }
+      const meta = Object.entries(x.metadata || {}).filter(([k]) => !k.startsWith('_nats.'))
+      delete x.metadata
+      if (meta.length) x.metadata = Object.fromEntries(meta)
+      return x
+    }
+    for (const s of ['PIN', 'OVF', 'PRI', 'BAT', 'FAST', 'CNT', 'SCH', 'TTL', 'ORIG', 'MIR', 'AGG', 'DIR', 'REP', 'FMIR', 'FSRC']) {
+      r[s] = clean((await jsm.streams.info(s)).config)
+    }
+    for (const [s, c] of [['PIN', 'w'], ['PINC', 'w'], ['OVF', 'w'], ['PRI', 'w'], ['RST', 'w']]) {
+      r[`${s}/${c}`] = clean((await jsm.consumers.info(s, c)).config)
+    }
+    return r
+  })
+
   await scenario('required_api_level', async () => {
     const r = {}
     const strict = await jetstreamManager(nc, { sendRequiredApiLevel: true })
@@ -420,13 +632,21 @@ SCENARIOS = [
     "pinned_consume",
     "overflow",
     "prioritized",
+    "priority_more",
     "batch",
+    "batch_errors",
+    "batch_limits",
     "fast_ingest",
     "counter",
+    "counter_sources",
     "schedule",
+    "schedule_repeat",
     "msg_ttl",
     "sourcing",
+    "sourcing_more",
     "direct",
+    "direct_more",
+    "configs",
 ]
 
 
@@ -495,4 +715,11 @@ def test_the_scenarios_exercise_the_features(results: Results) -> None:
     assert peer["msg_ttl"]["gone"] is True
     assert peer["sourcing"]["mirror"]["messages"] == 3 and peer["sourcing"]["agg"]["messages"] == 2
     assert len(peer["direct"]["multi_last"]) == 2 and peer["reset"]["next"] == "m2"
+    assert peer["priority_more"]["prioritized"] == {"priority0": ["first"], "priority5": ["second"]}
+    assert peer["counter_sources"]["sum"] == {"val": "17"}
+    assert (
+        peer["batch_limits"]["exactly"]["count"] == 1000 and peer["batch_limits"]["stored"] == 1000
+    )
+    assert peer["schedule_repeat"]["fired_twice"] is True and peer["schedule_repeat"]["cancelled"]
+    assert peer["sourcing_more"]["after_add"] == 5
     assert set(peer["required_api_level"].values()) == {"ok"}
