@@ -24,7 +24,7 @@ pytestmark = pytest.mark.peer
 __all__ = ["peers"]  # the fixture, shared with the consumer scenarios
 
 _PIN_KEYS = ("pinned_client_id", "pinned_id")
-_ADVISORY_VOLATILE = ("id", "timestamp", "account")
+_ADVISORY_VOLATILE = ("id", "timestamp")
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 
 

@@ -173,7 +173,8 @@ class Consumer(
 
     def _pin_event(self, kind: str, fields: dict[str, str]) -> None:
         type_ = "consumer_group_pinned" if kind == "PINNED" else "consumer_group_unpinned"
-        self._advisory(kind, type_, fields)
+        # These two name the account (every client is in the global one here).
+        self._advisory(kind, type_, {"account": "$G", **fields})
 
     def unpin(self, group: str) -> None:
         """``CONSUMER.UNPIN``: the pin is dropped; the next request without an id gets
