@@ -41,9 +41,12 @@ class SourcingService:
         broker.listeners.append(self)
 
     async def start(self) -> None:
-        """Start the feeds of the streams loaded from the store."""
+        """Start the feeds of the streams loaded from the store, in the background:
+        finding where a source stands may read back through a long stream, which must
+        not hold up the server's start."""
         for stream in list(self.broker.streams.values()):
-            await self._reconcile(stream.name)
+            if stream.config.mirror or stream.config.sources:
+                self._spawn(self._reconcile(stream.name))
 
     async def stop(self) -> None:
         for task in list(self._tasks):
