@@ -144,7 +144,7 @@ async def test_atomic_batches(peers: Peers) -> None:
 
 async def test_schedules_and_api_levels_in_atomic_batches(peers: Peers) -> None:
     config = {"name": "AS", "subjects": ["as.>"], "allow_atomic": True, "allow_msg_schedules": True}
-    at = _at(1)
+    at = _at(4)  # after both servers' steps: its firing does not shift their sequences
     plan = {"Nats-Schedule": f"@at {at}", "Nats-Schedule-Target": "as.out"}
     steps: list[Step] = [
         ("$JS.API.STREAM.CREATE.AS", config, None),
@@ -163,7 +163,7 @@ async def test_schedules_and_api_levels_in_atomic_batches(peers: Peers) -> None:
         ("$JS.API.STREAM.MSG.GET.AS", {"last_by_subj": "as.x"}, None),
     ]
     await compare(peers, steps)
-    await asyncio.sleep(2.5)  # the schedule set by the batch fires
+    await asyncio.sleep(5)  # the schedule set by the batch fires
     assert await stored(peers.tether, "AS") == await stored(peers.nats, "AS")
 
 
@@ -259,7 +259,7 @@ async def test_schedules(peers: Peers) -> None:
         "allow_msg_schedules": True,
         "allow_msg_ttl": True,
     }
-    at = _at(2)
+    at = _at(4)  # after both servers' steps: its firing does not shift their sequences
     steps: list[Step] = [
         ("$JS.API.STREAM.CREATE.SC", create, None),
         ("$JS.API.STREAM.CREATE.NS", {"name": "NS", "subjects": ["ns.>"]}, None),
@@ -376,7 +376,7 @@ async def test_schedules(peers: Peers) -> None:
         ),
     ]
     await compare(peers, steps)
-    await asyncio.sleep(3.5)  # the @at schedules are due
+    await asyncio.sleep(5)  # the @at schedules are due
     assert await stored(peers.tether, "SC") == await stored(peers.nats, "SC")
 
 
