@@ -419,3 +419,20 @@ async def test_a_failed_commit_gives_back_a_ttl_without_expiring_the_next_messag
     finally:
         broker.close()
         await store.close()
+
+
+async def test_a_copied_message_keeps_its_ttl_from_its_origins_time(
+    broker: Broker, clock: FakeClock
+) -> None:
+    await broker.create_stream("M", body(name="M", subjects=["m.>"], allow_msg_ttl=True))
+    stream = broker.get_stream("M")
+    acks: list[PubAck | ApiError] = []
+    stamp = clock.now() - 5 * NS  # stored at the origin 5 s ago
+    msg = StoredMessage(1, "m.a", hdrs(Nats_TTL="10s"), b"x", stamp)
+    broker.append_mirrored(stream, msg, acks.append)
+    await broker.store.flush()
+    assert acks == [PubAck("M", 1)]
+    clock.advance(4)
+    assert live(broker, "M") == [1]
+    clock.advance(1.2)
+    assert live(broker, "M") == []

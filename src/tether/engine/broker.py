@@ -1142,6 +1142,9 @@ class Broker:
         size = len(msg.subject) + len(msg.headers) + len(msg.data) + 16
         meta = MessageMeta(msg.seq, msg.subject, size, msg.ts, msg.priority)
         removed = stream.append(meta, "")
+        if stream.config.allow_msg_ttl and MSG_TTL in msg.headers:
+            # As after a restart: a copied message's TTL counts from its origin's time.
+            self._track_headers(stream, msg.seq, msg.ts, msg.headers, True)
         fut = self.store.append(stream.name, msg)
         if removed:
             self._delete_seqs(stream, removed)
