@@ -265,3 +265,28 @@ async def test_a_delete_marker_keeps_the_transformed_subject() -> None:
     assert [m.subject for m in await broker.read_many(stream, list(stream.seqs()))] == ["k.5"]
     broker.close()
     await store.close()
+
+
+async def test_a_recreated_origin_is_copied_again_from_its_start(tmp_path: Path) -> None:
+    broker, service = await open_broker(tmp_path)
+    await broker.create_stream("O", body(name="O", subjects=["o"]))
+    for _ in range(3):
+        await publish(broker, "O", "o")
+    await broker.create_stream("S", body(name="S", subjects=["s"], sources=[{"name": "O"}]))
+    await until(lambda: len(broker.get_stream("S")) == 3)
+    await broker.delete_stream("O")
+    broker.clock.advance(1)  # type: ignore[attr-defined]  # another creation time
+    await broker.create_stream("O", body(name="O", subjects=["o"]))
+    for _ in range(2):
+        await publish(broker, "O", "o")
+    await until(lambda: len(broker.get_stream("S")) == 5, within=10)
+    assert await origin_seqs(broker, "S") == [1, 2, 3, 1, 2]
+    await close(broker, service)
+
+    # The new identity is in the newest copy's header: after a restart nothing repeats.
+    broker, service = await open_broker(tmp_path)
+    await publish(broker, "O", "o")
+    await until(lambda: len(broker.get_stream("S")) == 6)
+    await asyncio.sleep(0.05)
+    assert await origin_seqs(broker, "S") == [1, 2, 3, 1, 2, 3]
+    await close(broker, service)

@@ -69,6 +69,7 @@ class Feed:
         *,
         mirror: bool,
         last_seq: int,
+        identity: str = "",
     ) -> None:
         self.broker = broker
         self.target = target
@@ -80,6 +81,9 @@ class Feed:
         self.transforms = spec.transforms()
         # The origin sequence of the last message copied and durable (0: none yet).
         self.last_seq = last_seq
+        # The origin's identity when that was copied: another one means the origin was
+        # deleted and created again, and a source starts over (as nats-server's does).
+        self.identity = identity
         self.lag = 0
         self.heard = 0  # clock time the origin last answered (0: never)
         self.error: errors.ApiError | None = None
@@ -143,6 +147,8 @@ class Feed:
                 continue
             self.error = None
             self.heard = self.broker.clock.now()
+            if self._recreated(batch.identity):
+                continue
             if not batch.msgs:
                 self.lag = batch.pending
                 self._fails = 0
@@ -159,6 +165,21 @@ class Feed:
                 continue
             self._fails = 0
             self.lag = batch.pending
+
+    def _recreated(self, identity: str) -> bool:
+        """Whether the origin turned out to be another stream of the same name (the
+        source then starts again from its first message)."""
+        if not identity:
+            return False
+        if self.mirror or not self.identity or identity == self.identity or not self.last_seq:
+            self.identity = identity
+            return False
+        log.warning(
+            "stream %s: source %s was recreated, starting over", self.target, self.spec.name
+        )
+        self.identity = identity
+        self.last_seq = 0
+        return True
 
     def _failed(self, exc: errors.ApiError) -> None:
         if self.error is None or self.error.err_code != exc.err_code:

@@ -17,6 +17,7 @@ from tether.engine.streams.sourcing import (
     SourceSpec,
     mirror_of,
     parse_source_header,
+    source_identity,
     sources_of,
 )
 
@@ -131,11 +132,14 @@ class SourcingService:
             else:
                 specs = sources_of(stream.config)
                 wanted = {spec.index_name() for spec in specs}
-                progress = {k: v for k, v in kept.items() if k in wanted}
+                progress: dict[str, tuple[int, str]] = {
+                    k: v for k, v in kept.items() if k in wanted
+                }
                 missing = wanted - set(progress)
                 if missing:
                     progress.update(await self._scan_progress(stream, missing))
                 for spec in specs:
+                    last_seq, identity = progress.get(spec.index_name(), (0, ""))
                     feeds.append(
                         Feed(
                             self.broker,
@@ -143,7 +147,8 @@ class SourcingService:
                             spec,
                             self._reader(spec),
                             mirror=False,
-                            last_seq=progress.get(spec.index_name(), 0),
+                            last_seq=last_seq,
+                            identity=identity,
                         )
                     )
             if self.broker.streams.get(name) is not stream:
@@ -155,13 +160,14 @@ class SourcingService:
             for feed in feeds:
                 feed.start()
 
-    async def _stop_feeds(self, name: str) -> dict[str, int]:
-        """Stop the feeds of stream ``name``; where each source stood (by index name)."""
+    async def _stop_feeds(self, name: str) -> dict[str, tuple[int, str]]:
+        """Stop the feeds of stream ``name``; where each source stood (by index name),
+        and the identity of its origin."""
         feeds = self._feeds.pop(name, [])
-        stood: dict[str, int] = {}
+        stood: dict[str, tuple[int, str]] = {}
         for feed in feeds:
             await feed.stop()
-            stood[feed.iname] = feed.last_seq
+            stood[feed.iname] = (feed.last_seq, feed.identity)
             if isinstance(feed.reader, LocalOrigin):
                 readers = self._local.get(feed.spec.name, [])
                 if feed.reader in readers:
@@ -175,10 +181,11 @@ class SourcingService:
         self._local.setdefault(spec.name, []).append(reader)
         return reader
 
-    async def _scan_progress(self, stream: Stream, inames: set[str]) -> dict[str, int]:
+    async def _scan_progress(self, stream: Stream, inames: set[str]) -> dict[str, tuple[int, str]]:
         """Where each source stands, from the stream's own messages: the origin sequence
-        in the ``Nats-Stream-Source`` header of the newest copy from each source."""
-        found: dict[str, int] = {}
+        (and the origin's identity) in the ``Nats-Stream-Source`` header of the newest
+        copy from each source."""
+        found: dict[str, tuple[int, str]] = {}
         seq = stream.last_seq
         first = stream.first_seq
         while seq >= first and len(found) < len(inames):
@@ -197,7 +204,7 @@ class SourcingService:
                     continue
                 parsed = parse_source_header(value)
                 if parsed is not None and parsed[0] in inames and parsed[0] not in found:
-                    found[parsed[0]] = parsed[1]
+                    found[parsed[0]] = (parsed[1], source_identity(value))
         return found
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "input_transform",
     "mirror_of",
     "parse_source_header",
+    "source_identity",
     "sources_of",
 ]
 
@@ -406,6 +407,12 @@ def source_header(iname: str, seq: int, subject: str, identity: str) -> str:
     name, filters, dests = iname.split(" ")
     value = f"{name} {seq} {filters} {dests} {subject}"
     return f"{value} {identity}" if identity else value
+
+
+def source_identity(value: str) -> str:
+    """The origin identity a ``Nats-Stream-Source`` value ends with ("" if none)."""
+    fields = value.split(" ")
+    return fields[5] if len(fields) >= 6 else ""
 
 
 def parse_source_header(value: str) -> tuple[str, int] | None:
