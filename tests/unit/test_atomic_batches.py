@@ -216,3 +216,21 @@ async def test_a_deleted_stream_drops_its_open_batches(broker: Broker) -> None:
     await pub.settle()
     await broker.delete_stream("A")
     assert len(broker.batches) == 0
+
+
+async def test_a_batch_the_store_refuses_part_of_is_refused_whole(
+    broker: Broker, store: RecordingStore
+) -> None:
+    """The store can never hold one message of a batch (a value it cannot take): the
+    whole batch is refused, and a message published after it is stored again in its
+    place, as for any refused append."""
+    pub = Pub(broker)
+    for i in range(1, 4):
+        pub("a.x", batch_hdrs("w", i, "1" if i == 3 else ""), b"m%d" % i)
+    pub("a.y", hdrs(After="1"), b"after")
+    broker._take_back({"A": {2: "a value the store cannot hold"}})  # as the committer would
+    results = await pub.settle()
+    refused = [r for r in results if r == 10077]
+    assert len(refused) == 1  # the batch's commit publisher hears it
+    assert PubAck("A", 1) in results  # the later message, stored again at seq 1
+    assert [m.data for m in await store.read_range("A", 1, 10)] == [b"after"]
