@@ -258,3 +258,13 @@ def test_the_timetable_runs_each_key_once_in_order() -> None:
     clock.advance(10)
     assert ran == ["a", "b2"]
     assert len(table) == 0
+
+
+def test_cron_across_the_end_of_daylight_saving() -> None:
+    """02:30 happens twice in Paris on 2023-10-29: from the second one, the next run of
+    an every-10-seconds cron is 10 s later (not at once, not an hour later)."""
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    second = dt.datetime(2023, 10, 29, 2, 30, tzinfo=paris, fold=1)
+    ns = int(second.timestamp()) * NS
+    every_ten = sched.parse_pattern("*/10 * * * * *", "Europe/Paris")
+    assert every_ten.next_after(ns) == ns + 10 * NS

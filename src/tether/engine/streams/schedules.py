@@ -193,7 +193,13 @@ class Cron:
             if t.second not in secs:
                 t += dt.timedelta(seconds=1)
                 continue
-            return int(t.replace(tzinfo=zone).timestamp()) * NS
+            # A wall time the clock goes back over (daylight saving's end) happens twice:
+            # the first occurrence may be past while the second is not.
+            for fold in (0, 1):
+                when = int(t.replace(tzinfo=zone, fold=fold).timestamp()) * NS
+                if when > ns:
+                    return when
+            t += dt.timedelta(seconds=1)
         return 0
 
 
