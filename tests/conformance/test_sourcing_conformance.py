@@ -103,8 +103,8 @@ async def stored(nc: Client, stream: str, seq: int) -> dict[str, Any]:
     }
 
 
-async def wait_for(nc: Client, stream: str, count: int) -> dict[str, Any]:
-    for _ in range(200):
+async def wait_for(nc: Client, stream: str, count: int, within: float = 10) -> dict[str, Any]:
+    for _ in range(int(within / 0.05)):
         info = await api(nc, f"$JS.API.STREAM.INFO.{stream}")
         # Settled: every message there, and each source either placed or failing.
         placed = all("seq" in src or "error" in src for src in info.get("sources") or [])
@@ -326,6 +326,27 @@ async def test_sources_and_mirrors_copy_alike(both: tuple[Client, Client]) -> No
         info = await api(nc, "$JS.API.STREAM.INFO.MIR2")
         out.append(normalize({k: info.get(k) for k in ("config", "mirror", "sources")}))
         return out
+
+    ours, theirs = await on_both(both, scenario)
+    assert ours == theirs
+
+
+async def test_a_recreated_origin_is_sourced_again_alike(both: tuple[Client, Client]) -> None:
+    async def scenario(nc: Client) -> Any:
+        js = nc.jetstream()
+        await create(nc, {"name": "RE", "subjects": ["re"]})
+        for _ in range(3):
+            await js.publish("re", b"first")
+        await create(nc, {"name": "RES", "subjects": ["res"], "sources": [{"name": "RE"}]})
+        await wait_for(nc, "RES", 3)
+        await api(nc, "$JS.API.STREAM.DELETE.RE")
+        await create(nc, {"name": "RE", "subjects": ["re"]})
+        for _ in range(2):
+            await js.publish("re", b"second")
+        # nats-server retries a failed source with a growing delay.
+        info = normalize(await wait_for(nc, "RES", 5, within=45))
+        copies = [await stored(nc, "RES", seq) for seq in range(1, 6)]
+        return [info["state"], info["sources"], copies]
 
     ours, theirs = await on_both(both, scenario)
     assert ours == theirs
