@@ -268,3 +268,10 @@ def test_cron_across_the_end_of_daylight_saving() -> None:
     ns = int(second.timestamp()) * NS
     every_ten = sched.parse_pattern("*/10 * * * * *", "Europe/Paris")
     assert every_ten.next_after(ns) == ns + 10 * NS
+
+
+async def test_a_cron_that_never_matches_never_fires(broker: Broker, clock: FakeClock) -> None:
+    headers = hdrs(Nats_Schedule="0 0 0 31 2 *", Nats_Schedule_Target="s.t")  # 31 February
+    assert await publish(broker, "s.sch", headers) == 1
+    await advance(broker, clock, 3)
+    assert await produced(broker, "s.t") == []

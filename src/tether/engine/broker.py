@@ -1073,6 +1073,9 @@ class Broker:
     def _arm_schedule(self, schedule: sched.Schedule) -> None:
         key = (schedule.stream, schedule.subject)
         self._schedules[key] = schedule
+        if schedule.due_ns <= 0:
+            self.timetable.cancel(("schedule", *key))  # a cron that never matches
+            return
         self.timetable.set(("schedule", *key), schedule.due_ns, lambda: self._fire_soon(schedule))
 
     def _fire_soon(self, schedule: sched.Schedule) -> None:
