@@ -11,6 +11,7 @@ no marker.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -436,3 +437,33 @@ async def test_a_copied_message_keeps_its_ttl_from_its_origins_time(
     assert live(broker, "M") == [1]
     clock.advance(1.2)
     assert live(broker, "M") == []
+
+
+async def test_a_damaged_message_costs_no_other_its_ttl_at_load(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = SqliteStore(tmp_path, cache_bytes=0)
+    await store.open()
+    broker = Broker(store, clock)
+    await broker.load()
+    await broker.create_stream(
+        "S", body(name="S", subjects=["s.>"], allow_msg_ttl=True, duplicate_window=NS)
+    )
+    pub = Publisher(broker)
+    for subject in ("s.a", "s.b", "s.c"):
+        pub("S", subject, Nats_TTL="10s")
+    await pub.settle()
+    broker.close()
+    await store.close()
+    clock.advance(5)  # out of the duplicate window: the load reads only the last message
+    with sqlite3.connect(tmp_path / "tether.db") as db:
+        db.execute("UPDATE messages SET data = CAST('damaged' AS BLOB) WHERE seq = 2")
+    store = SqliteStore(tmp_path, cache_bytes=0)
+    await store.open()
+    broker = Broker(store, clock)
+    await broker.load()
+    try:
+        clock.advance(6)
+        assert live(broker, "S") == [2]  # the damaged one waits for `tether store repair`
+    finally:
+        broker.close()
+        await store.close()

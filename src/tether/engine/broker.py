@@ -49,6 +49,7 @@ from tether.engine.streams.stream import (
 )
 from tether.engine.subjects import filters_overlap
 from tether.storage.base import (
+    CorruptMessage,
     MessageColumns,
     MessageMeta,
     StorageError,
@@ -265,15 +266,34 @@ class Broker:
         """Per-message TTLs and delete markers are in the stored headers: read them back."""
         if not stream.config.allow_msg_ttl or not index:
             return
-        start, last = index[0].seq, index[-1].seq
-        while start <= last:
-            cols = await self.store.read_columns(stream.name, start, last, 10_000)
-            if not cols.seqs:
-                break
-            for seq, block, ts in zip(cols.seqs, cols.headers, cols.stamps, strict=True):
+        for i in range(0, len(index), 10_000):
+            part = index[i : i + 10_000]
+            try:
+                cols = await self.store.read_columns(
+                    stream.name, part[0].seq, part[-1].seq, len(part)
+                )
+                found = list(zip(cols.seqs, cols.headers, cols.stamps, strict=True))
+            except CorruptMessage:
+                # One message at a time, so that a damaged one (reported when it is
+                # read, repaired by `tether store repair`) costs no other its TTL.
+                found = await self._readable(stream, part)
+            for seq, block, ts in found:
                 if block and MSG_TTL in block:
                     self._track_headers(stream, seq, ts, block, False)
-            start = cols.seqs[-1] + 1
+
+    async def _readable(
+        self, stream: Stream, metas: list[MessageMeta]
+    ) -> list[tuple[int, bytes, int]]:
+        out: list[tuple[int, bytes, int]] = []
+        for meta in metas:
+            try:
+                msg = await self.store.read(stream.name, meta.seq)
+            except CorruptMessage as exc:
+                log.warning("stream %s: %s; its TTL, if any, is not applied", stream.name, exc)
+                continue
+            if msg is not None:
+                out.append((msg.seq, msg.headers, msg.ts))
+        return out
 
     # -- stream management ------------------------------------------------------------------
     def _notify_changed(self, stream: Stream) -> None:
