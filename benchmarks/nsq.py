@@ -8,7 +8,10 @@ MPUB >= 100k msg/s, single pipelined PUBs >= 30k/s, consumed and FIN'd >= 100k/s
 * ``pub``: single PUBs, ``--window`` of them unanswered at a time (each OK comes after
   its group commit);
 * ``consume``: ``--messages`` stored first (MPUB), then one client SUBs with RDY 2500
-  and FINs every message as soon as it is read; rate = messages / (SUB → last FIN).
+  and FINs every message as soon as it is read; rate = messages / (SUB → last FIN);
+* ``pynsq-mpub`` and ``pynsq-consume``: the same with pynsq, NSQ's Python client, as an
+  application uses it (``Writer.mpub`` with ``--window`` unanswered, a ``Reader`` with
+  ``max_in_flight=2500`` whose handler returns True): what a pynsq user gets.
 
     .venv/bin/python benchmarks/nsq.py --quick
 """
@@ -40,7 +43,7 @@ from _harness import (  # after the sys.path tweak above
 
 from tether.protocol.nsq import FRAME_MESSAGE, FRAME_RESPONSE, FrameReader, commands
 
-LOADS = ("mpub", "pub", "consume")
+LOADS = ("mpub", "pub", "consume", "pynsq-mpub", "pynsq-consume")
 TARGETS = {"mpub": 100_000, "pub": 30_000, "consume": 100_000}
 
 
@@ -92,6 +95,89 @@ async def consume(port: int, topic: str, n: int, stall: float) -> None:
     writer.close()
 
 
+def _pynsq() -> Any:
+    """pynsq's ``nsq`` package (this file's directory, on ``sys.path``, has an nsq.py)."""
+    here = str(Path(__file__).resolve().parent)
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != Path(here)]
+    try:
+        if getattr(sys.modules.get("nsq"), "__file__", "") == str(Path(__file__).resolve()):
+            del sys.modules["nsq"]
+        import nsq
+
+        return nsq
+    finally:
+        sys.path[:] = saved
+
+
+async def pynsq_mpub(port: int, topic: str, batches: list[list[bytes]], window: int) -> None:
+    nsq = _pynsq()
+    writer = nsq.Writer([f"127.0.0.1:{port}"])
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not writer.conns or any(c.stream is None for c in writer.conns.values()):
+        if loop.time() > deadline:
+            raise BenchError("pynsq's Writer did not connect")
+        await asyncio.sleep(0.01)
+    done = asyncio.Event()
+    answered = sent = 0
+    failures: list[Any] = []
+
+    def answer(conn: Any, data: Any) -> None:
+        nonlocal answered
+        answered += 1
+        if data != b"OK":
+            failures.append(data)
+        send()
+        if answered == len(batches):
+            done.set()
+
+    def send() -> None:
+        nonlocal sent
+        while sent < len(batches) and sent - answered < window:
+            writer.mpub(topic, batches[sent], callback=answer)
+            sent += 1
+
+    send()
+    await done.wait()
+    for conn in list(writer.conns.values()):
+        conn.close()
+    if failures:
+        raise BenchError(f"pynsq MPUB failed: {failures[0]}")
+
+
+async def pynsq_consume(port: int, topic: str, n: int, stall: float) -> None:
+    nsq = _pynsq()
+    got = 0
+    done = asyncio.Event()
+
+    def handler(msg: Any) -> bool:
+        nonlocal got
+        got += 1
+        if got >= n:
+            done.set()
+        return True
+
+    reader = nsq.Reader(
+        topic=topic,
+        channel="bench",
+        nsqd_tcp_addresses=[f"127.0.0.1:{port}"],
+        max_in_flight=2500,
+        message_handler=handler,
+        lookupd_poll_interval=60,
+    )
+    try:
+        while not done.is_set():
+            before = got
+            try:
+                await asyncio.wait_for(done.wait(), stall)
+            except TimeoutError:
+                if got == before:
+                    raise BenchError(f"pynsq's Reader stalled after {got:,} messages") from None
+    finally:
+        reader.close()
+
+
 def measure(load: str, args: Any) -> Run:
     n, body = args.messages, b"x" * args.size
     run = Run(load, "tether", n, idle_wait=settle(args.wait_idle))
@@ -104,7 +190,7 @@ def measure(load: str, args: Any) -> Run:
         port = int(srv.log.split("Listening for NSQ clients on ")[1].split()[0].rsplit(":", 1)[1])
         batches = [commands.mpub("bench", [body] * args.batch) for _ in range(n // args.batch)]
         try:
-            if load == "consume":
+            if load in ("consume", "pynsq-consume"):
                 run_async(publish(port, batches, args.window, args.stall), args.client_loop)
             meter, cpu0 = Meter(srv), time.process_time()
             if load == "mpub":
@@ -112,6 +198,11 @@ def measure(load: str, args: Any) -> Run:
             elif load == "pub":
                 pubs = [commands.pub("bench", body)] * n
                 job = publish(port, pubs, args.window * args.batch, args.stall)
+            elif load == "pynsq-mpub":
+                bodies = [[body] * args.batch for _ in range(n // args.batch)]
+                job = pynsq_mpub(port, "bench", bodies, args.window)
+            elif load == "pynsq-consume":
+                job = pynsq_consume(port, "bench", n, args.stall)
             else:
                 job = consume(port, "bench", n, args.stall)
             run_async(job, args.client_loop)
@@ -138,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             run = measure(load, args)
             show_run(run, rep)
             results.append(run)
-    for load in LOADS:
+    for load in TARGETS:
         rates = [r.rate for r in results if r.load == load and not r.error]
         if rates:
             best = max(rates)
