@@ -38,7 +38,7 @@ const { startFastIngest } = require('@nats-io/jetstream/internal')
 
 const out = {}
 const done = () => { console.log(JSON.stringify(out)); process.exit(0) }
-setTimeout(() => { out.timeout = true; done() }, 50000)
+setTimeout(() => { out.timeout = true; done() }, 80000)
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 const failure = (err) => {
@@ -59,7 +59,7 @@ const hdrs = (m) => {
   if (mh) for (const [k, v] of mh) h[k] = v.join(',')
   return h
 }
-async function until (fn, ms = 5000) {
+async function until (fn, ms = 10000) {
   const end = Date.now() + ms
   for (;;) {
     const v = await fn()
@@ -333,8 +333,15 @@ async function main (url) {
     await js.publish('orig.b.x', '2')
     await js.publish('orig.c.y', '3')
     r.orig = (await jsm.streams.getMessage('ORIG', { seq: 1 })).subject
-    await until(async () => (await jsm.streams.info('MIR')).state.messages === 3)
-    await until(async () => (await jsm.streams.info('AGG')).state.messages === 2)
+    // Copies are made in the background: wait until both are caught up.
+    await until(async () => {
+      const i = await jsm.streams.info('MIR')
+      return i.state.messages === 3 && i.mirror?.lag === 0
+    })
+    await until(async () => {
+      const i = await jsm.streams.info('AGG')
+      return i.state.messages === 2 && (i.sources || []).every((x) => x.lag === 0)
+    })
     const mi = await jsm.streams.info('MIR')
     r.mirror = { config: mi.config.mirror, messages: mi.state.messages, name: mi.mirror?.name, lag: mi.mirror?.lag }
     r.mirror_msg = (await jsm.streams.getMessage('MIR', { seq: 3 })).subject
@@ -441,8 +448,14 @@ async function main (url) {
       name: 'FSRC', subjects: ['own.>'],
       sources: [{ name: 'SRC2', opt_start_seq: 2, filter_subject: 's2.even' }]
     })
-    await until(async () => (await jsm.streams.info('FSRC')).state.messages === 2)
-    await until(async () => (await jsm.streams.info('FMIR')).state.messages === 1)
+    await until(async () => {
+      const i = await jsm.streams.info('FSRC')
+      return i.state.messages === 2 && (i.sources || []).every((x) => x.lag === 0)
+    })
+    await until(async () => {
+      const i = await jsm.streams.info('FMIR')
+      return i.state.messages === 1 && i.mirror?.lag === 0
+    })
     const fm = await jsm.streams.info('FMIR')
     r.fmir = [fm.state.messages, fm.state.first_seq, fm.state.last_seq, fm.mirror?.filter_subject]
     const fs = await jsm.streams.info('FSRC')
@@ -621,7 +634,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
     where = npm_install(tmp_path_factory, "natsjs-jetstream", PACKAGES, {"check.js": SCRIPT})
     with run_server() as tether, run_nats_server() as peer, ThreadPoolExecutor(2) as pool:
         ran = pool.map(
-            lambda url: run_node(where, "check.js", url, timeout=90), [tether.url, peer.url]
+            lambda url: run_node(where, "check.js", url, timeout=120), [tether.url, peer.url]
         )
         on_tether, on_peer = list(ran)
     yield {"tether": on_tether, "nats-server": on_peer}
