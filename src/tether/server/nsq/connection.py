@@ -184,7 +184,10 @@ class NsqConnection(asyncio.Protocol):
                 data, reply = self._tls.receive(data)
             except TlsError as exc:
                 log.info("nsq client %d: TLS error: %s", self.cid, exc)
-                self._abort()
+                alert = self._tls.unsent()  # the peer learns why, as from nsqd
+                if alert and self.transport is not None:
+                    self.transport.write(alert)
+                self._close()
                 return b""
             if reply and self.transport is not None:
                 self.transport.write(reply)

@@ -100,6 +100,10 @@ class TlsLayer:
             raise TlsError(exc.reason or str(exc)) from None
         return self._outgoing.read()
 
+    def unsent(self) -> bytes:
+        """What the TLS layer still has to send (a failed handshake's alert)."""
+        return self._outgoing.read()
+
     def close(self) -> bytes:
         """The close_notify to send before the socket closes (b"" before the handshake)."""
         if not self.established or self.closed:
