@@ -34,7 +34,9 @@ def one_line_failure(done: subprocess.CompletedProcess[str], *words: str) -> Non
         assert word in done.stderr, done.stderr
 
 
-def test_tls_flags_and_a_context_that_keeps_them(tmp_path: Path) -> None:
+def tls_files(tmp_path: Path, settings: str = "", tail: str = "") -> dict[str, Path]:
+    """A CA, the server's certificate for localhost, a client certificate, and a
+    configuration file (``conf``) with a ``tls`` block using them plus ``settings``."""
     ca = trustme.CA()
     server, client = ca.issue_cert("localhost"), ca.issue_cert("ops@example.com")
     files = {k: tmp_path / f"{k}.pem" for k in ("cert", "key", "ca", "ccert", "ckey")}
@@ -43,11 +45,17 @@ def test_tls_flags_and_a_context_that_keeps_them(tmp_path: Path) -> None:
     ca.cert_pem.write_to_path(files["ca"])
     client.cert_chain_pems[0].write_to_path(files["ccert"])
     client.private_key_pem.write_to_path(files["ckey"])
-    conf = tmp_path / "tls.conf"
-    conf.write_text(
+    files["conf"] = tmp_path / "tls.conf"
+    files["conf"].write_text(
         f'tls {{\n  cert_file: "{files["cert"]}"\n  key_file: "{files["key"]}"\n'
-        f'  ca_file: "{files["ca"]}"\n  verify: true\n  timeout: 2\n}}\n'
+        f"{settings}}}\n{tail}"
     )
+    return files
+
+
+def test_tls_flags_and_a_context_that_keeps_them(tmp_path: Path) -> None:
+    files = tls_files(tmp_path, f'  ca_file: "{tmp_path / "ca.pem"}"\n  verify: true\n')
+    conf = files["conf"]
     ca_flags = ["--tlsca", str(files["ca"])]
     cert_flags = ["--tlscert", str(files["ccert"]), "--tlskey", str(files["ckey"])]
     with run_server(store="memory", args=["-c", str(conf)]) as srv:
@@ -80,16 +88,7 @@ def test_tls_flags_and_a_context_that_keeps_them(tmp_path: Path) -> None:
 
 
 def test_tls_first(tmp_path: Path) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost")
-    cert.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
-    cert.private_key_pem.write_to_path(tmp_path / "key.pem")
-    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
-    conf = tmp_path / "first.conf"
-    conf.write_text(
-        f'tls {{\n  cert_file: "{tmp_path / "cert.pem"}"\n  key_file: "{tmp_path / "key.pem"}"\n'
-        "  handshake_first: true\n}\n"
-    )
+    conf = tls_files(tmp_path, "  handshake_first: true\n")["conf"]
     with run_server(store="memory", args=["-c", str(conf)]) as srv:
         url = f"tls://localhost:{srv.port}"
         flags = ["-s", url, "--tlsca", str(tmp_path / "ca.pem")]
@@ -127,16 +126,7 @@ def test_nkey_and_creds_flags(tmp_path: Path) -> None:
 
 def test_jobs_over_https(tmp_path: Path) -> None:
     """The jobs commands verify an https:// API with --tlsca, or with a context's CA."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost")
-    cert.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
-    cert.private_key_pem.write_to_path(tmp_path / "key.pem")
-    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
-    conf = tmp_path / "https.conf"
-    conf.write_text(
-        f'tls {{\n  cert_file: "{tmp_path / "cert.pem"}"\n  key_file: "{tmp_path / "key.pem"}"\n'
-        "}\nhttps: -1\n"
-    )
+    conf = tls_files(tmp_path, tail="https: -1\n")["conf"]
     with run_server(store="memory", args=["-c", str(conf)]) as srv:
         api = f"https://localhost:{srv.http_port}"
         ca_file = str(tmp_path / "ca.pem")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -28,7 +28,15 @@ from tether.cli.remote import (
     run,
 )
 from tether.cli.stream import api
-from tether.client import BadSubscription, Connection, NoMessageFound, NoResponders, NotFound
+from tether.client import (
+    BadSubscription,
+    Connection,
+    Msg,
+    NoMessageFound,
+    NoResponders,
+    NotFound,
+    Subscription,
+)
 from tether.protocol.nats import parse_headers
 
 kv_app = group(
@@ -382,6 +390,18 @@ def history(
     )
 
 
+async def changes(sub: Subscription, limit: int) -> AsyncIterator[Msg]:
+    """The messages of a watch's subscription: ``limit`` of them (0: until it ends)."""
+    seen = 0
+    while not limit or seen < limit:
+        try:
+            msg = await sub.next_msg(timeout=None)
+        except BadSubscription:
+            return
+        seen += 1
+        yield msg
+
+
 @remote(kv_app, "watch")
 def watch(
     target: Target,
@@ -409,13 +429,7 @@ def watch(
             if last is not None and not _is_deleted(last):
                 show(_entry_view(bucket, last))
         typer.echo(f"Watching {bucket} > {key}", err=True)
-        seen = 0
-        while not updates or seen < updates:
-            try:
-                msg = await sub.next_msg(timeout=None)
-            except BadSubscription:
-                return
-            seen += 1
+        async for msg in changes(sub, updates):
             hdrs = msg.headers or {}
             entry = Stored(msg.subject, 0, "", hdrs, msg.data)
             # The update came as a plain message; its revision is the stored one, unless

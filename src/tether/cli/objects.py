@@ -27,7 +27,7 @@ from rich.progress import (
 )
 
 from tether.cli._typer import group
-from tether.cli.kv import all_streams, message_get, run_in, subjects_of
+from tether.cli.kv import all_streams, changes, message_get, run_in, subjects_of
 from tether.cli.output import console, count, emit_json, pairs, size, table
 from tether.cli.remote import (
     Failure,
@@ -38,7 +38,7 @@ from tether.cli.remote import (
     run,
 )
 from tether.cli.stream import api
-from tether.client import BadSubscription, Connection, NoResponders
+from tether.client import Connection, NoResponders
 from tether.client.nuid import Nuid
 
 object_app = group("object", "Object stores: add, ls, put, get, info, rm, watch.")
@@ -385,12 +385,7 @@ def watch(
         for meta in await _objects(conn, bucket):
             show(meta)
         typer.echo(f"Watching object store {bucket}", err=True)
-        seen = 0
-        while not updates or seen < updates:
-            try:
-                msg = await sub.next_msg(timeout=None)
-            except BadSubscription:
-                return
+        async for msg in changes(sub, updates):
             try:
                 meta = json.loads(msg.data)
             except ValueError:
@@ -398,7 +393,6 @@ def watch(
             if not isinstance(meta, dict):
                 continue
             meta.setdefault("mtime", datetime.now(UTC).isoformat())
-            seen += 1
             show(meta)
 
     run_in("object store", bucket, target, work)
