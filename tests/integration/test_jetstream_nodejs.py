@@ -1,14 +1,15 @@
 """nats.js (the ``@nats-io`` v3 packages) against ``tether serve`` and the real nats-server,
 with the results compared: priority groups (pinned client with ``consume``/``fetch``, unpin and
 the advisories, overflow with ``min_pending``/``min_ack_pending``, prioritized), consumer reset,
-atomic batches (errors and the 1000-message limit) and fast ingest, counters (also summed from
-sources), message schedules (``@at``, ``@every`` with source and TTL, cron, cancelling),
-per-message TTL on publish, mirrors, sources and subject transforms, batched direct gets with
-``multi_last``, every stream and consumer config as given back, what the server reports, and
-streams created with ``sendRequiredApiLevel``. One node script does every scenario and prints them as
-JSON; it runs against both servers at once. (KV per-key TTL and markers have their own test.)
-npm has no nats.js package for counters or batches of its own: counters go through raw
-``Nats-Incr`` headers, batches through ``@nats-io/jetstream``."""
+pause and resume, atomic batches (errors and the 1000-message limit) and fast ingest, counters
+(also summed from sources), message schedules (``@at``, ``@every`` with source and TTL, cron,
+cancelling), per-message TTL on publish and subject delete markers, mirrors, sources and subject
+transforms, batched direct gets with ``multi_last``, every stream and consumer config as given
+back, what the server reports, and streams created with ``sendRequiredApiLevel``. One node
+script does every scenario and prints them as JSON; it runs against both servers at once. (KV
+per-key TTL and markers have their own test.) npm has no nats.js package for counters or
+batches of its own: counters go through raw ``Nats-Incr`` headers, batches through
+``@nats-io/jetstream``."""
 
 from __future__ import annotations
 
@@ -578,6 +579,71 @@ async function main (url) {
     return r
   })
 
+  await scenario('markers', async () => {
+    // Subject delete markers left by max_age and by a purge, as nats.js reads them.
+    const r = {}
+    await jsm.streams.add({
+      name: 'MK', subjects: ['mk.>'], allow_msg_ttl: true, max_age: 1_000_000_000,
+      subject_delete_marker_ttl: 1_000_000_000, allow_direct: true
+    })
+    await js.publish('mk.a', 'aged')
+    await js.publish('mk.b', 'purged')
+    await jsm.streams.purge('MK', { filter: 'mk.b' })
+    const marker = async (subj) => {
+      try {
+        const m = await jsm.streams.getMessage('MK', { last_by_subj: subj })
+        const h = hdrs(m)
+        return h['Nats-Marker-Reason'] ? [m.subject, h['Nats-Marker-Reason'], h['Nats-TTL'], m.data.length] : null
+      } catch { return null }
+    }
+    r.purge = await marker('mk.b')
+    r.max_age = await until(() => marker('mk.a'), 6000)
+    r.gone = await until(async () => (await jsm.streams.info('MK')).state.messages === 0, 8000)
+    r.without_ttl = await attempt(async () => {
+      const c = (await jsm.streams.add({
+        name: 'MKNOTTL', subjects: ['mkn.>'], subject_delete_marker_ttl: 1_000_000_000
+      })).config
+      return [c.allow_msg_ttl, c.allow_rollup_hdrs, c.subject_delete_marker_ttl]
+    })
+    return r
+  })
+
+  await scenario('consumer_more', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'CM', subjects: ['cm.>'] })
+    await jsm.consumers.add('CM', { durable_name: 'p', ack_policy: 'explicit' })
+    const until_ = new Date(Date.now() + 3600_000)
+    const paused = await jsm.consumers.pause('CM', 'p', until_)
+    r.paused = [paused.paused, paused.pause_until === until_.toISOString()]
+    r.info_paused = (await jsm.consumers.info('CM', 'p')).paused
+    r.resumed = (await jsm.consumers.resume('CM', 'p')).paused
+    r.flow_control = await attempt(async () => {
+      const ci = await jsm.consumers.add('CM', { durable_name: 'fc', ack_policy: 'flow_control' })
+      return ci.config.ack_policy
+    })
+    r.flow_control_push = await attempt(async () => {
+      const ci = await jsm.consumers.add('CM', {
+        durable_name: 'fcp', ack_policy: 'flow_control', deliver_subject: 'fcp.in', flow_control: true, idle_heartbeat: 5_000_000_000
+      })
+      return [ci.config.ack_policy, ci.config.flow_control]
+    })
+    r.overflow_timeout = await attempt(async () => (await jsm.consumers.add('CM', {
+      durable_name: 'bt', ack_policy: 'explicit', priority_groups: ['A'], priority_policy: 'overflow',
+      priority_timeout: 1_000_000_000
+    })).config.priority_timeout)
+    r.pinned_no_timeout = await attempt(async () => (await jsm.consumers.add('CM', {
+      durable_name: 'pt', ack_policy: 'explicit', priority_groups: ['A'], priority_policy: 'pinned_client'
+    })).config.priority_timeout)
+    return r
+  })
+
+  await scenario('persist_mode', async () => {
+    return await attempt(async () => {
+      await jsm.streams.add({ name: 'PMA', subjects: ['pma.>'], persist_mode: 'async' })
+      return (await jsm.streams.info('PMA')).config.persist_mode
+    })
+  })
+
   await scenario('configs', async () => {
     // Every config as the server gives it back, less the _nats.* metadata nats-server adds
     // about its own versions (Tether keeps only what the client set: docs/compatibility.md).
@@ -589,10 +655,10 @@ async function main (url) {
       if (meta.length) x.metadata = Object.fromEntries(meta)
       return x
     }
-    for (const s of ['PIN', 'OVF', 'PRI', 'BAT', 'FAST', 'CNT', 'SCH', 'TTL', 'ORIG', 'MIR', 'AGG', 'DIR', 'REP', 'FMIR', 'FSRC']) {
+    for (const s of ['PIN', 'OVF', 'PRI', 'BAT', 'FAST', 'CNT', 'SCH', 'TTL', 'ORIG', 'MIR', 'AGG', 'DIR', 'REP', 'FMIR', 'FSRC', 'MK', 'CM', 'CSUM']) {
       r[s] = clean((await jsm.streams.info(s)).config)
     }
-    for (const [s, c] of [['PIN', 'w'], ['PINC', 'w'], ['OVF', 'w'], ['PRI', 'w'], ['RST', 'w']]) {
+    for (const [s, c] of [['PIN', 'w'], ['PINC', 'w'], ['OVF', 'w'], ['PRI', 'w'], ['RST', 'w'], ['CM', 'p'], ['CM', 'fcp'], ['CM', 'bt'], ['CM', 'pt']]) {
       r[`${s}/${c}`] = clean((await jsm.consumers.info(s, c)).config)
     }
     return r
@@ -659,6 +725,8 @@ SCENARIOS = [
     "sourcing_more",
     "direct",
     "direct_more",
+    "markers",
+    "consumer_more",
     "configs",
 ]
 
@@ -692,6 +760,15 @@ def test_consumer_reset_through_natsjs_same_as_nats_server(results: Results) -> 
 )
 def test_required_api_level_same_as_nats_server(results: Results) -> None:
     assert results["tether"]["required_api_level"] == results["nats-server"]["required_api_level"]
+
+
+def test_async_persist_mode_refused_as_documented(results: Results) -> None:
+    # A PubAck means the message survives a crash: docs/compatibility.md.
+    assert results["nats-server"]["persist_mode"] == "async"
+    assert results["tether"]["persist_mode"] == {
+        "error": "async persist mode not supported by this server: a publish is acknowledged once durable",
+        "code": 10052,
+    }
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -735,4 +812,7 @@ def test_the_scenarios_exercise_the_features(results: Results) -> None:
     )
     assert peer["schedule_repeat"]["fired_twice"] is True and peer["schedule_repeat"]["cancelled"]
     assert peer["sourcing_more"]["after_add"] == 5
+    assert peer["markers"]["max_age"] == ["mk.a", "MaxAge", "1s", 0] and peer["markers"]["gone"]
+    assert peer["consumer_more"]["paused"] == [True, True]
+    assert peer["configs"]["CM/p"]["pause_until"] == "1970-01-01T00:00:00Z"  # resumed
     assert set(peer["required_api_level"].values()) == {"ok"}

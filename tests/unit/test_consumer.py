@@ -674,6 +674,16 @@ def test_pause(w: World) -> None:
     assert not c.paused
 
 
+def test_resuming_with_the_epoch_keeps_it_in_the_config(w: World) -> None:
+    # nats.js resumes with pause_until = the epoch; nats-server keeps that time in the config.
+    c = w.consumer()
+    c.pause(w.clock.now() + 10 * NS)
+    c.pause(0)
+    assert not c.paused and c.config.pause_until == "1970-01-01T00:00:00Z"
+    c.pause(None)
+    assert not c.paused and c.config.pause_until is None
+
+
 # -- push ------------------------------------------------------------------------------------------------
 
 

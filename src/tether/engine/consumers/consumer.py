@@ -49,6 +49,8 @@ from tether.engine.streams import Stream
 from tether.storage.base import MessageMeta
 
 NS = 1_000_000_000
+# A pause_until at the epoch, which format_rfc3339 would write as Go's zero time (not set).
+EPOCH = "1970-01-01T00:00:00Z"
 
 
 class Consumer(
@@ -551,10 +553,15 @@ class Consumer(
             (since + threshold - now) / NS, self._on_idle_timer
         )
 
-    def pause(self, until_ns: int) -> None:
-        """``CONSUMER.PAUSE``: no deliveries until ``until_ns`` (0 resumes)."""
-        self.config.pause_until = format_rfc3339(until_ns) if until_ns else None
-        self.paused_until = until_ns
+    def pause(self, until_ns: int | None) -> None:
+        """``CONSUMER.PAUSE``: no deliveries until ``until_ns``; None resumes and forgets the
+        time. A past time also resumes but stays in the config, as nats-server keeps it: the
+        epoch included (nats.js resumes with it), which 0 alone would read as "not set"."""
+        if until_ns is None:
+            self.config.pause_until = None
+        else:
+            self.config.pause_until = format_rfc3339(until_ns) if until_ns > 0 else EPOCH
+        self.paused_until = max(until_ns or 0, 0)
         self._apply_pause()
         self._changed_state()
         self.pump()

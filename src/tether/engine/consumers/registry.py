@@ -271,7 +271,7 @@ class ConsumerRegistry:
         await self._durable(self._remove(consumer))
         log.debug("consumer %s > %s deleted", stream_name, name)
 
-    async def pause(self, stream_name: str, name: str, until_ns: int) -> Consumer:
+    async def pause(self, stream_name: str, name: str, until_ns: int | None) -> Consumer:
         consumer = self.get(stream_name, name)
         consumer.pause(until_ns)
         await self._durable(self._put(consumer))

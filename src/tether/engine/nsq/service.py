@@ -313,7 +313,7 @@ class NsqService:
         :data:`PAUSED_FOREVER_NS` (saved with the consumer, so it survives a restart)."""
         async with self._lock:
             channel = self.topics[topic_name].channels[channel_name]
-            until = PAUSED_FOREVER_NS if paused else 0
+            until = PAUSED_FOREVER_NS if paused else None
             await self.consumers.pause(channel.consumer.stream.name, channel.consumer.name, until)
             if not paused:
                 channel.dispatch()

@@ -316,10 +316,16 @@ class ConsumerApi:
             until = parse_rfc3339(raw) if raw else 0
         except (ValueError, OverflowError):
             raise errors.invalid_json(f"parsing time {raw!r}") from None
+        # Any time but Go's zero time (year 1, which parses to 0 too) stays in the config as
+        # on nats-server, the epoch included: nats.js resumes a consumer with it.
+        kept = until > 0 or (until == 0 and raw.strip()[:4] not in ("", "0000", "0001"))
         until = max(until, 0)
-        await self.registry.pause(stream, name, until)
+        consumer = await self.registry.pause(stream, name, until if kept else None)
         now = self.broker.clock.now()
-        out: dict[str, Any] = {"paused": until > now, "pause_until": rfc3339(until)}
+        out: dict[str, Any] = {
+            "paused": until > now,
+            "pause_until": consumer.config.pause_until or ZERO_TIME,
+        }
         if until > now:
             out["pause_remaining"] = until - now
         return out
