@@ -158,6 +158,38 @@ async function main (url) {
     return r
   })
 
+  await scenario('pinned_unpin_consume', async () => {
+    // A consume() whose pin is taken away hears 423 and pulls again to be pinned anew.
+    const r = {}
+    await jsm.streams.add({ name: 'P4', subjects: ['p4.>'] })
+    await jsm.consumers.add('P4', {
+      durable_name: 'w', ack_policy: 'explicit', priority_groups: ['g'],
+      priority_policy: 'pinned_client', priority_timeout: 5_000_000_000
+    })
+    const c = await js.consumers.get('P4', 'w')
+    const got = []
+    const statuses = []
+    const pins = new Set()
+    const it = await c.consume({ max_messages: 1, expires: 1000, group: 'g' })
+    ;(async () => {
+      for await (const s of it.status()) if (s.type.startsWith('consumer_')) statuses.push(s.type)
+    })()
+    ;(async () => {
+      for await (const m of it) { got.push(m.string()); pins.add(m.headers.get('Nats-Pin-Id')); m.ack() }
+    })()
+    await js.publish('p4.a', '1')
+    await until(async () => got.length === 1)
+    await jsm.consumers.unpin('P4', 'w', 'g')
+    await js.publish('p4.a', '2')
+    await until(async () => got.length === 2)
+    r.got = got
+    r.pins = pins.size
+    r.statuses = statuses
+    r.pinned = ((await jsm.consumers.info('P4', 'w')).priority_groups || []).map((g) => !!g.pinned_client_id)
+    it.stop()
+    return r
+  })
+
   await scenario('overflow', async () => {
     const r = {}
     await jsm.streams.add({ name: 'OVF', subjects: ['ovf.>'] })
@@ -709,6 +741,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
 SCENARIOS = [
     "pinned",
     "pinned_consume",
+    "pinned_unpin_consume",
     "overflow",
     "prioritized",
     "priority_more",
@@ -814,5 +847,10 @@ def test_the_scenarios_exercise_the_features(results: Results) -> None:
     assert peer["sourcing_more"]["after_add"] == 5
     assert peer["markers"]["max_age"] == ["mk.a", "MaxAge", "1s", 0] and peer["markers"]["gone"]
     assert peer["consumer_more"]["paused"] == [True, True]
+    assert peer["pinned_unpin_consume"]["statuses"] == [
+        "consumer_pinned",
+        "consumer_unpinned",
+        "consumer_pinned",
+    ]
     assert peer["configs"]["CM/p"]["pause_until"] == "1970-01-01T00:00:00Z"  # resumed
     assert set(peer["required_api_level"].values()) == {"ok"}
