@@ -161,3 +161,27 @@ async def test_config_rules(broker: Broker) -> None:
     assert excinfo.value.description == (
         "stream configuration update can not change message counter setting"
     )
+
+
+async def test_sourced_copies_add_up_and_broken_sources_are_refused(
+    broker: Broker, store: MemoryStore
+) -> None:
+    pub = Pub(broker)
+    source = "O 1 > > c.x"
+    pub("c.x", hdrs(Nats_Incr="5", Nats_Stream_Source=source), b'{"val":"5"}')
+    pub("c.x", hdrs(Nats_Incr="2", Nats_Stream_Source="O 2 > > c.x"), b'{"val":"7"}')
+    pub("c.x", hdrs(Nats_Incr="10"))
+    assert await pub.settle() == [(1, "5"), (2, "7"), (3, "17")]
+    last = await store.read("C", 3)
+    assert last is not None
+    assert b'Nats-Counter-Sources: {"O":{"c.x":"7"}}' in last.headers  # carried forward
+    # A message whose Nats-Counter-Sources is not JSON breaks the next sourced copy.
+    pub("c.y", hdrs(Nats_Incr="1", Nats_Counter_Sources="nope"))
+    await pub.settle()
+    broker.close()
+    again = Broker(store, FakeClock())
+    await again.load()
+    pub = Pub(again)
+    pub("c.y", hdrs(Nats_Incr="1", Nats_Stream_Source="O 3 > > c.y"), b'{"val":"1"}')
+    assert await pub.settle() == [10172]
+    again.close()

@@ -697,9 +697,11 @@ class Broker:
                     # A copy a source made is stored as it came, but a counter stream
                     # adds the source's change since its last copy.
                     if cfg.allow_msg_counter and counters.INCR in fields:
-                        prev = self._counter_values(stream).sources.get(
-                            stream.last_by_subject(subject)
-                        )
+                        known = self._counter_values(stream).sources
+                        last = stream.last_by_subject(subject)
+                        prev = known.get(last)
+                        if prev is None and last in known:
+                            raise counters.broken()  # Nats-Counter-Sources is not JSON
                         incr, sources = counters.sourced_increment(
                             payload, fields[counters.SOURCED], prev, subject
                         )
