@@ -182,6 +182,11 @@ def submit(cluster: Cluster, servers: str, evidence: Path, tmp: Path) -> subproc
         "spark.ui.showConsoleProgress=false",
         "--conf",
         "spark.sql.shuffle.partitions=2",
+        # Jobs start once both executors are there, so that both get tasks.
+        "--conf",
+        "spark.scheduler.minRegisteredResourcesRatio=1.0",
+        "--conf",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime=60s",
         str(APP),
         servers,
         str(evidence),
