@@ -646,7 +646,7 @@ async function main (url) {
     await jsm.consumers.add('CM', { durable_name: 'p', ack_policy: 'explicit' })
     const until_ = new Date(Date.now() + 3600_000)
     const paused = await jsm.consumers.pause('CM', 'p', until_)
-    r.paused = [paused.paused, paused.pause_until === until_.toISOString()]
+    r.paused = [paused.paused, new Date(paused.pause_until).getTime() === until_.getTime()]
     r.info_paused = (await jsm.consumers.info('CM', 'p')).paused
     r.resumed = (await jsm.consumers.resume('CM', 'p')).paused
     r.flow_control = await attempt(async () => {
