@@ -517,7 +517,8 @@ def test_append_run_is_append_one_by_one(
     assert not run.evicts
     first = one.last_seq + 1
     for i, size in enumerate(sizes):
-        assert one.append(MessageMeta(first + i, "a", size, T0 + 1), "") == []
+        meta = MessageMeta(first + i, "a", size, T0 + 1, 0, one.sizing.plain)
+        assert one.append(meta, "") == []
     if sizes:
         assert run.append_run("a", sizes, T0 + 1) == first
     assert run.info_state() == one.info_state()

@@ -170,7 +170,7 @@ class Broker:
             config = decode_stored_config(record.config)
             stream = Stream(config, record.created_ns)
             self.loaded.current = record.name
-            index = await self.store.load_index(record.name)
+            index = await self.store.load_index(record.name, stream.sizing)
             stream.load(index, await self.store.load_last_seq(record.name))
             await self._restore_dedup(stream, index, now)
             await self._restore_ttls(stream, index)
@@ -521,7 +521,8 @@ class Broker:
         now = self.clock.now()
         limit = cfg.max_msg_size
         discard_new = cfg.discard == "new"
-        overhead = len(subject) + 16
+        plain = stream.sizing.plain
+        overhead = len(subject) + plain
         if limit < 0 and not discard_new and not stream.evicts:
             # Nothing can refuse or evict any of them: index the run in one go.
             sizes = [overhead + len(payload) for payload in payloads]
@@ -553,7 +554,7 @@ class Broker:
             seq = stream.last_seq + 1
             if not first:
                 first = seq
-            removed = append(MessageMeta(seq, subject, size, now, 0), "")
+            removed = append(MessageMeta(seq, subject, size, now, 0, plain), "")
             store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
             if removed:
                 self._delete_seqs(stream, removed)
@@ -596,7 +597,8 @@ class Broker:
         if cfg.subject_transform:
             subjects = [_stored_subject(cfg, subject) for subject in subjects]
         now = self.clock.now()
-        sizes = [len(s) + 16 + len(p) for s, p in zip(subjects, payloads, strict=True)]
+        plain = stream.sizing.plain
+        sizes = [len(s) + plain + len(p) for s, p in zip(subjects, payloads, strict=True)]
         first = stream.append_mixed(subjects, sizes, now)
         store_append = self.store.append
         name = stream.name
@@ -778,7 +780,8 @@ class Broker:
                 if target is not None and replies is None:
                     target = _with_extras(target, val=str(total))
             stream.check_size(len(hdrs), len(payload))
-            size = len(subject) + len(hdrs) + len(payload) + 16
+            extra = stream.sizing.overhead(hdrs)
+            size = len(subject) + len(hdrs) + len(payload) + extra
             stream.check_limits_for_new(subject, size, bool(rollup))
         except errors.ApiError as exc:
             if target is not None:
@@ -797,7 +800,7 @@ class Broker:
             self.republisher.record(
                 stream, cfg.republish, seq, subject, hdrs, payload, now, last_on_subject
             )
-        removed += stream.append(MessageMeta(seq, subject, size, now, priority), msg_id)
+        removed += stream.append(MessageMeta(seq, subject, size, now, priority, extra), msg_id)
         if ttl:
             self._track_ttl(stream, seq, now, ttl, MARKER_REASON in fields, True)
         fut = self.store.append(stream.name, msg)
@@ -948,7 +951,8 @@ class Broker:
                     raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
                 priority = parsed
             stream.check_size(len(headers), len(payload))
-            total_size += len(m.subject) + len(headers) + len(payload) + 16
+            total_size += len(m.subject) + len(headers) + len(payload)
+            total_size += stream.sizing.overhead(headers)
             written.add(m.subject)
             prepared.append((m.subject, headers, payload, msg_id, priority, rollup))
         if cfg.discard == "new":
@@ -966,8 +970,10 @@ class Broker:
             removed = stream.rollup(subject, rollup) if rollup else []
             seq = stream.last_seq + 1
             msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
-            size = len(subject) + len(hdrs) + len(payload) + 16
-            removed += stream.append(MessageMeta(seq, subject, size, now, priority), msg_id)
+            extra = stream.sizing.overhead(hdrs)
+            size = len(subject) + len(hdrs) + len(payload) + extra
+            meta = MessageMeta(seq, subject, size, now, priority, extra)
+            removed += stream.append(meta, msg_id)
             fut = self.store.append(name, msg)
             if removed:
                 self._delete_seqs(stream, removed)
@@ -1009,8 +1015,12 @@ class Broker:
         now = self.clock.now()
         name = stream.name
         subjects = [m.subject for m in msgs]
-        sizes = [len(m.subject) + len(m.headers) + len(m.payload) + 16 for m in msgs]
-        first = stream.append_mixed(subjects, sizes, now)
+        extras = [stream.sizing.overhead(m.headers) for m in msgs]
+        sizes = [
+            len(m.subject) + len(m.headers) + len(m.payload) + extra
+            for m, extra in zip(msgs, extras, strict=True)
+        ]
+        first = stream.append_mixed(subjects, sizes, now, extras)
         store_append = self.store.append
         seq = first
         fut = None
@@ -1164,8 +1174,9 @@ class Broker:
         if msg.seq <= stream.last_seq:
             on_durable(errors.ApiError(400, 10071, "wrong last sequence"))
             return
-        size = len(msg.subject) + len(msg.headers) + len(msg.data) + 16
-        meta = MessageMeta(msg.seq, msg.subject, size, msg.ts, msg.priority)
+        extra = stream.sizing.overhead(msg.headers)
+        size = len(msg.subject) + len(msg.headers) + len(msg.data) + extra
+        meta = MessageMeta(msg.seq, msg.subject, size, msg.ts, msg.priority, extra)
         removed = stream.append(meta, "")
         if stream.config.allow_msg_ttl and MSG_TTL in msg.headers:
             # As after a restart: a copied message's TTL counts from its origin's time.
@@ -1414,7 +1425,7 @@ class Broker:
             if meta is None:
                 continue
             seqs.append(seq)
-            sent += meta.size - 16
+            sent += meta.size - meta.overhead
             if len(seqs) >= batch or sent >= max_bytes:
                 break
         return seqs

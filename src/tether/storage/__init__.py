@@ -13,28 +13,36 @@ from __future__ import annotations
 from typing import Any
 
 from tether.storage.base import (
+    FILE_SIZING,
+    MEMORY_SIZING,
     ConsumerRecord,
     CorruptMessage,
     DamagedStore,
     MessageColumns,
     MessageMeta,
+    Sizing,
     StorageError,
     Store,
     StoredMessage,
     StreamRecord,
+    sizing,
 )
 
 __all__ = [
+    "FILE_SIZING",
+    "MEMORY_SIZING",
     "ConsumerRecord",
     "CorruptMessage",
     "DamagedStore",
     "MessageColumns",
     "MessageMeta",
+    "Sizing",
     "StorageError",
     "Store",
     "StoredMessage",
     "StreamRecord",
     "open_store",
+    "sizing",
 ]
 
 _VALID_FORMS = "'memory', 'sqlite:DIR', 'sqlite://DIR' or 'postgresql://USER:PASS@HOST/DB'"

@@ -65,8 +65,32 @@ class StoredMessage(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def size(self) -> int:
-        # nats-server's per-message accounting: subject + headers + payload + 16 bytes overhead.
-        return len(self.subject) + len(self.headers) + len(self.data) + 16
+        # nats-server's memory-storage accounting: subject + headers + payload + 16.
+        return len(self.subject) + len(self.headers) + len(self.data) + MEMORY_SIZING.plain
+
+
+class Sizing(NamedTuple):
+    """How many bytes a stream counts for a message beyond its subject, headers and
+    payload (``state.bytes``, ``max_bytes``), as nats-server counts them."""
+
+    plain: int  # a message without headers
+    headers: int  # a message with a header block
+
+    def overhead(self, headers: bytes) -> int:
+        return self.headers if headers else self.plain
+
+
+# nats-server's memory store: subject + headers + payload + 16.
+MEMORY_SIZING = Sizing(16, 16)
+# nats-server's file store counts its record: length 4 + seq 8 + time 8 + subject
+# length 2 + checksum 8, and 4 more (the header length) when there are headers.
+FILE_SIZING = Sizing(30, 34)
+
+
+def sizing(storage: str) -> Sizing:
+    """The accounting of a stream with ``storage`` (``file`` or ``memory``), whatever
+    backend holds its messages."""
+    return MEMORY_SIZING if storage == "memory" else FILE_SIZING
 
 
 class MessageMeta(msgspec.Struct, frozen=True, gc=False, array_like=True):
@@ -74,9 +98,12 @@ class MessageMeta(msgspec.Struct, frozen=True, gc=False, array_like=True):
 
     seq: int
     subject: str
-    size: int
+    size: int  # what the stream counts: subject + headers + payload + overhead
     ts: int
     priority: int = 0
+    # The bytes of ``size`` beyond subject + headers + payload (see :class:`Sizing`):
+    # ``size - overhead`` is what a delivery of the message carries.
+    overhead: int = 16
 
 
 class MessageColumns(NamedTuple):
@@ -159,8 +186,9 @@ class Store(ABC):
         """Every stream, ordered by name."""
 
     @abstractmethod
-    async def load_index(self, stream: str) -> list[MessageMeta]:
-        """The metadata of every message of ``stream``, ordered by sequence."""
+    async def load_index(self, stream: str, sizing: Sizing = MEMORY_SIZING) -> list[MessageMeta]:
+        """The metadata of every message of ``stream``, ordered by sequence, each
+        sized with ``sizing``."""
 
     @abstractmethod
     async def load_consumers(self, stream: str) -> list[ConsumerRecord]:

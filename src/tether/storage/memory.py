@@ -15,9 +15,11 @@ from typing import cast
 import msgspec
 
 from tether.storage.base import (
+    MEMORY_SIZING,
     ConsumerRecord,
     MessageColumns,
     MessageMeta,
+    Sizing,
     StorageError,
     StoredMessage,
     StreamRecord,
@@ -135,17 +137,19 @@ class MemoryStore(BatchingStore):
         self._check_open()
         return [self._streams[name] for name in sorted(self._streams)]
 
-    async def load_index(self, stream: str) -> list[MessageMeta]:
+    async def load_index(self, stream: str, sizing: Sizing = MEMORY_SIZING) -> list[MessageMeta]:
         self._check_open()
         log = self._logs.get(stream)
         if log is None:
             return []
         msgs = log.msgs
-        return [
-            MessageMeta(m.seq, m.subject, m.size, m.ts, m.priority)
-            for m in (msgs.get(seq) for seq in log.seqs)
-            if m is not None
-        ]
+        out: list[MessageMeta] = []
+        for m in (msgs.get(seq) for seq in log.seqs):
+            if m is not None:
+                extra = sizing.overhead(m.headers)
+                size = len(m.subject) + len(m.headers) + len(m.data) + extra
+                out.append(MessageMeta(m.seq, m.subject, size, m.ts, m.priority, extra))
+        return out
 
     async def load_consumers(self, stream: str) -> list[ConsumerRecord]:
         self._check_open()

@@ -28,10 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.storage.base import (
+    MEMORY_SIZING,
     ConsumerRecord,
     CorruptMessage,
     MessageColumns,
     MessageMeta,
+    Sizing,
     StorageError,
     StoredMessage,
     StreamRecord,
@@ -224,9 +226,13 @@ SQL_LOAD_CONSUMERS = (
     " WHERE stream = %s ORDER BY name"
 )
 SQL_LOAD_LAST_SEQ = "SELECT last_seq FROM tether_stream_seq WHERE stream = %s"
+# The parameters: the stream's overhead per message with and without headers (Sizing),
+# twice, then the stream.
+_OVERHEAD = "CASE WHEN octet_length(headers) > 0 THEN %s ELSE %s END"
 SQL_LOAD_INDEX = (
-    "SELECT seq, subject, char_length(subject) + octet_length(headers) + octet_length(data) + 16,"
-    " ts, priority FROM tether_messages WHERE stream = %s ORDER BY seq"
+    "SELECT seq, subject, char_length(subject) + octet_length(headers) + octet_length(data)"
+    f" + {_OVERHEAD}, ts, priority, {_OVERHEAD} FROM tether_messages WHERE stream = %s"
+    " ORDER BY seq"
 )
 _COLUMNS = "seq, subject, headers, data, ts, priority, crc"
 SQL_READ = f"SELECT {_COLUMNS} FROM tether_messages WHERE stream = %s AND seq = %s"
@@ -681,9 +687,11 @@ class PostgresStore(BatchingStore):
 
         return await self._run_read(load)
 
-    async def load_index(self, stream: str) -> list[MessageMeta]:
+    async def load_index(self, stream: str, sizing: Sizing = MEMORY_SIZING) -> list[MessageMeta]:
+        params = (sizing.headers, sizing.plain, sizing.headers, sizing.plain, stream)
+
         def load(conn: psycopg.Connection[Any]) -> list[MessageMeta]:
-            return [MessageMeta(*row) for row in conn.execute(SQL_LOAD_INDEX, (stream,))]
+            return [MessageMeta(*row) for row in conn.execute(SQL_LOAD_INDEX, params)]
 
         return await self._run_read(load)
 

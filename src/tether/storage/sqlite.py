@@ -31,11 +31,13 @@ from typing import Literal, TypeVar
 import msgspec
 
 from tether.storage.base import (
+    MEMORY_SIZING,
     ConsumerRecord,
     CorruptMessage,
     DamagedStore,
     MessageColumns,
     MessageMeta,
+    Sizing,
     StorageError,
     StoredMessage,
     StreamRecord,
@@ -206,9 +208,11 @@ SQL_LOAD_CONSUMERS = (
 )
 SQL_LOAD_LAST_SEQ = "SELECT last_seq FROM stream_seq WHERE stream = ?"
 # length() of a BLOB is read from the record header, so the payloads are not loaded.
+# ?2 and ?3: the stream's overhead per message without and with headers (Sizing).
+_OVERHEAD = "CASE WHEN length(headers) > 0 THEN ?3 ELSE ?2 END"
 SQL_LOAD_INDEX = (
-    "SELECT seq, subject, length(subject) + length(headers) + length(data) + 16, ts, priority"
-    " FROM messages WHERE stream = ? ORDER BY seq"
+    f"SELECT seq, subject, length(subject) + length(headers) + length(data) + {_OVERHEAD},"
+    f" ts, priority, {_OVERHEAD} FROM messages WHERE stream = ?1 ORDER BY seq"
 )
 # Every read of messages returns these columns, the checksum last, and verifies it.
 SQL_READ = (
@@ -923,8 +927,9 @@ def _read_many(
     return _verified(stream, conn.execute(SQL_READ_MANY, (stream, wanted)).fetchall(), path)
 
 
-def _load_index(conn: sqlite3.Connection, stream: str) -> list[MessageMeta]:
-    return [MessageMeta(*row) for row in conn.execute(SQL_LOAD_INDEX, (stream,))]
+def _load_index(conn: sqlite3.Connection, stream: str, sizing: Sizing) -> list[MessageMeta]:
+    rows = conn.execute(SQL_LOAD_INDEX, (stream, sizing.plain, sizing.headers))
+    return [MessageMeta(*row) for row in rows]
 
 
 def _load_streams(conn: sqlite3.Connection) -> list[StreamRecord]:
@@ -1106,8 +1111,8 @@ class SqliteStore(BatchingStore):
     async def load_streams(self) -> list[StreamRecord]:
         return await self._run_read(_load_streams)
 
-    async def load_index(self, stream: str) -> list[MessageMeta]:
-        return await self._run_read(lambda conn: _load_index(conn, stream))
+    async def load_index(self, stream: str, sizing: Sizing = MEMORY_SIZING) -> list[MessageMeta]:
+        return await self._run_read(lambda conn: _load_index(conn, stream, sizing))
 
     async def load_consumers(self, stream: str) -> list[ConsumerRecord]:
         return await self._run_read(lambda conn: _load_consumers(conn, stream))

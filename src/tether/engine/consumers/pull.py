@@ -252,7 +252,7 @@ class PullDelivery(Generic[Me]):
             if self._replay_end and self._held(meta, now):
                 return
             reply = self._prepare(meta, redelivery)
-            size = meta.size - 16 + len(reply)
+            size = meta.size - meta.overhead + len(reply)
             priority = self.priority
             if priority is None:
                 req = self._take_request(size, now)

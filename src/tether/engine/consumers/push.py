@@ -108,7 +108,7 @@ class PushDelivery(Generic[Me]):
                 return
             reply = self._prepare(meta, redelivery)
             # nats-server counts subject, ack reply, headers and payload.
-            if rate and self._throttled(meta.size - 16 + len(reply), self.clock.now()):
+            if rate and self._throttled(meta.size - meta.overhead + len(reply), self.clock.now()):
                 return
             sink.deliver(self._me, to, meta, reply)
             self._commit(meta, redelivery, now)

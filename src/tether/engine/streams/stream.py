@@ -19,7 +19,7 @@ from tether.engine import errors
 from tether.engine.streams.config import StreamConfig
 from tether.engine.streams.expiry import MessageTTLs
 from tether.engine.subjects import is_literal, subject_matches
-from tether.storage.base import MessageMeta
+from tether.storage.base import MessageMeta, sizing
 
 # Headers the publish path reads (exact spelling as clients send them).
 MSG_ID = b"Nats-Msg-Id"
@@ -56,6 +56,9 @@ class Stream:
         self.config = config
         self.created_ns = created_ns
         self.name = config.name
+        # What each message counts beyond subject + headers + payload: nats-server's
+        # formula for the configured storage (which an update cannot change).
+        self.sizing = sizing(config.storage)
         self.state = StreamState()
         self._msgs: dict[int, MessageMeta] = {}
         # Sequences in append order; deletions are lazy (skipped when no longer in _msgs),
@@ -393,9 +396,10 @@ class Stream:
         first = st.last_seq + 1
         end = first + len(sizes)
         msgs = self._msgs
+        plain = self.sizing.plain
         seq = first
         for size in sizes:
-            msgs[seq] = MessageMeta(seq, subject, size, ts, 0)
+            msgs[seq] = MessageMeta(seq, subject, size, ts, 0, plain)
             seq += 1
         dq = self._by_subject.get(subject)
         if dq is None:
@@ -404,16 +408,21 @@ class Stream:
         self._appended(first, end, sizes, ts)
         return first
 
-    def append_mixed(self, subjects: list[str], sizes: list[int], ts: int) -> int:
+    def append_mixed(
+        self, subjects: list[str], sizes: list[int], ts: int, overheads: list[int] | None = None
+    ) -> int:
         """:meth:`append_run` for messages each to its own subject (``subjects[i]`` has
-        ``sizes[i]`` bytes); returns the first sequence."""
+        ``sizes[i]`` bytes, ``overheads[i]`` of them beyond subject, headers and payload;
+        all without headers when not given); returns the first sequence."""
         st = self.state
         first = st.last_seq + 1
         msgs = self._msgs
         by_subject = self._by_subject
+        if overheads is None:
+            overheads = [self.sizing.plain] * len(sizes)
         seq = first
-        for subject, size in zip(subjects, sizes, strict=True):
-            msgs[seq] = MessageMeta(seq, subject, size, ts, 0)
+        for subject, size, extra in zip(subjects, sizes, overheads, strict=True):
+            msgs[seq] = MessageMeta(seq, subject, size, ts, 0, extra)
             dq = by_subject.get(subject)
             if dq is None:
                 dq = by_subject[subject] = deque()

@@ -821,7 +821,7 @@ class JetStreamApi:
                 continue
             chosen.append((seq, pending))
             meta = stream.meta(seq)
-            sent_bytes += meta.size - 16 if meta is not None else 0
+            sent_bytes += meta.size - meta.overhead if meta is not None else 0
             if sent_bytes >= max_bytes or (req.batch > 0 and len(chosen) >= req.batch):
                 break
         loaded = {m.seq: m for m in await self.broker.read_many(stream, [c[0] for c in chosen])}

@@ -36,7 +36,7 @@ import msgspec
 from tether.engine.subjects import is_valid_filter
 from tether.protocol.block import encode_block
 from tether.server.nats.requests import BodyError, Int, decode_as
-from tether.storage.base import MessageColumns
+from tether.storage.base import MessageColumns, Sizing
 
 if TYPE_CHECKING:
     from tether.engine.broker import Broker
@@ -176,19 +176,20 @@ class StreamReadApi:
                 scanned = cols.seqs[-1] if len(cols.seqs) == count else last
             covered = max(covered, scanned)
             if cols.seqs:
-                budget -= self._send_block(reply, cols, with_headers=not req.no_hdr)
+                budget -= self._send_block(reply, cols, not req.no_hdr, stream.sizing)
                 remaining -= len(cols.seqs)
                 await asyncio.sleep(0)  # let the connection flush between blocks
         return covered
 
-    def _send_block(self, reply: str, cols: MessageColumns, with_headers: bool) -> int:
-        """Publish one block; returns its size as streams count bytes."""
+    def _send_block(
+        self, reply: str, cols: MessageColumns, with_headers: bool, sizing: Sizing
+    ) -> int:
+        """Publish one block; returns its size as its stream counts bytes."""
         seqs, subjects, headers, data, stamps = cols
         payload = encode_block(seqs, stamps, subjects, headers if with_headers else None, data)
         self.router.publish(None, reply, "", None, payload)
-        return (
-            sum(map(len, subjects)) + sum(map(len, headers)) + sum(map(len, data)) + 16 * len(seqs)
-        )
+        overheads = sum(map(sizing.overhead, headers))
+        return sum(map(len, subjects)) + sum(map(len, headers)) + sum(map(len, data)) + overheads
 
 
 def _select(
