@@ -84,7 +84,7 @@ async function main (url) {
     await jsm.streams.add({ name: 'PIN', subjects: ['pin.>'] })
     const ci = await jsm.consumers.add('PIN', {
       durable_name: 'w', ack_policy: 'explicit', priority_groups: ['jobs'],
-      priority_policy: 'pinned_client', priority_timeout: 2_000_000_000
+      priority_policy: 'pinned_client', priority_timeout: 5_000_000_000
     })
     r.config = [ci.config.priority_groups, ci.config.priority_policy, ci.config.priority_timeout]
     for (let i = 0; i < 4; i++) await js.publish('pin.a', `m${i}`)
@@ -314,8 +314,8 @@ async function main (url) {
       try { return await jsm.streams.getMessage('SCH', { last_by_subj: 'sch.t1' }) } catch { return null }
     })
     r.fired = got ? [got.subject, got.string(), got.header.get('Nats-Scheduler')] : null
-    await sleep(200)
-    r.messages = (await jsm.streams.info('SCH')).state.messages
+    // The @at schedule is gone once it has fired.
+    r.messages = await until(async () => (await jsm.streams.info('SCH')).state.messages === 1)
     r.raw_every = await attempt(async () => {
       const h = headers(); h.set('Nats-Schedule', '@every 1h'); h.set('Nats-Schedule-Target', 'sch.t2')
       return (await js.publish('sch.s2', 'x', { headers: h })).seq
@@ -345,7 +345,7 @@ async function main (url) {
     await jsm.streams.add({ name: 'TTL', subjects: ['ttl.>'], allow_msg_ttl: true })
     r.ack = (await js.publish('ttl.a', 'x', { ttl: '1s' })).seq
     r.header = (await jsm.streams.getMessage('TTL', { seq: 1 })).header.get('Nats-TTL')
-    r.gone = await until(async () => (await jsm.streams.info('TTL')).state.messages === 0, 4000)
+    r.gone = await until(async () => (await jsm.streams.info('TTL')).state.messages === 0)
     await jsm.streams.add({ name: 'NOTTL', subjects: ['nottl.>'] })
     r.refused = await attempt(() => js.publish('nottl.a', 'x', { ttl: '1s' }))
     return r
@@ -458,7 +458,7 @@ async function main (url) {
     const fired = await until(async () => {
       const i = await jsm.streams.info('REP', { subjects_filter: 'rep.t' })
       return (i.state.subjects || {})['rep.t'] >= 2
-    }, 6000)
+    })
     await js.publish('rep.c', undefined, { cancelSchedule: { scheduleSubject: 'rep.s' } })
     r.fired_twice = fired
     const m = await jsm.streams.getMessage('REP', { last_by_subj: 'rep.t' })
@@ -542,9 +542,9 @@ async function main (url) {
     }
     // Both pulls wait; the lower number is served first.
     const waiting = [take(5, low), take(0, high)]
-    await sleep(300)
+    await until(async () => (await jsm.consumers.info('PM', 'p')).num_waiting === 2)
     await js.publish('pm.a', 'first')
-    await sleep(300)
+    await until(async () => high.length === 1)
     await js.publish('pm.a', 'second')
     await Promise.all(waiting)
     r.prioritized = { priority0: high, priority5: low }
@@ -629,8 +629,8 @@ async function main (url) {
       } catch { return null }
     }
     r.purge = await marker('mk.b')
-    r.max_age = await until(() => marker('mk.a'), 6000)
-    r.gone = await until(async () => (await jsm.streams.info('MK')).state.messages === 0, 8000)
+    r.max_age = await until(() => marker('mk.a'))
+    r.gone = await until(async () => (await jsm.streams.info('MK')).state.messages === 0)
     r.without_ttl = await attempt(async () => {
       const c = (await jsm.streams.add({
         name: 'MKNOTTL', subjects: ['mkn.>'], subject_delete_marker_ttl: 1_000_000_000
