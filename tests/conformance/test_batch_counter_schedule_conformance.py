@@ -53,9 +53,6 @@ def normalize(value: Any) -> Any:
                 if not item:
                     continue
             out[key] = normalize(item)
-        state = out.get("state")
-        if isinstance(state, dict):
-            state.pop("bytes", None)  # file-storage record sizes differ (compatibility.md)
         return out
     if isinstance(value, list):
         return [normalize(v) for v in value]

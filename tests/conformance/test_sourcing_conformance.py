@@ -19,9 +19,8 @@ from tether.testing import run_server
 
 pytestmark = pytest.mark.peer
 
-# Times, sizes (file-storage record sizes differ, see compatibility.md) and the
-# cluster block nats-server adds.
-_VOLATILE = {"ts", "created", "first_ts", "last_ts", "time", "bytes", "cluster"}
+# Times and the cluster block nats-server adds.
+_VOLATILE = {"ts", "created", "first_ts", "last_ts", "time", "cluster"}
 
 
 @dataclass

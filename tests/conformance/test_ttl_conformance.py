@@ -27,7 +27,7 @@ pytestmark = pytest.mark.peer
 
 NS = 1_000_000_000
 API = "$JS.API"
-_VOLATILE = {"ts", "created", "first_ts", "last_ts", "time", "cluster", "metadata", "bytes"}
+_VOLATILE = {"ts", "created", "first_ts", "last_ts", "time", "cluster", "metadata"}
 
 
 @pytest.fixture(scope="module")
