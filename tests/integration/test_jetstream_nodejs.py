@@ -2,14 +2,14 @@
 with the results compared: priority groups (pinned client with ``consume``/``fetch``, unpin and
 the advisories, overflow with ``min_pending``/``min_ack_pending``, prioritized), consumer reset,
 pause and resume, atomic batches (errors and the 1000-message limit) and fast ingest, counters
-(also summed from sources), message schedules (``@at``, ``@every`` with source and TTL, cron,
-cancelling), per-message TTL on publish and subject delete markers, mirrors, sources and subject
-transforms, batched direct gets with ``multi_last``, every stream and consumer config as given
-back, what the server reports, and streams created with ``sendRequiredApiLevel``. One node
-script does every scenario and prints them as JSON; it runs against both servers at once. (KV
-per-key TTL and markers have their own test.) npm has no nats.js package for counters or
-batches of its own: counters go through raw ``Nats-Incr`` headers, batches through
-``@nats-io/jetstream``."""
+(also summed from sources), message schedules (``@at``, ``@every`` with source and TTL, cron
+with a time zone, predefined, rollup, cancelling, bad ones), per-message TTL on publish and
+subject delete markers, mirrors, sources and subject transforms, batched direct gets with
+``multi_last``, every stream and consumer config as given back, what the server reports, and
+streams created with ``sendRequiredApiLevel``. One node script does every scenario and prints
+them as JSON; it runs against both servers at once. (KV per-key TTL and markers have their own
+test.) npm has no nats.js package for counters or batches of its own: counters go through raw
+``Nats-Incr`` headers, batches through ``@nats-io/jetstream``."""
 
 from __future__ import annotations
 
@@ -348,6 +348,31 @@ async function main (url) {
     r.gone = await until(async () => (await jsm.streams.info('TTL')).state.messages === 0)
     await jsm.streams.add({ name: 'NOTTL', subjects: ['nottl.>'] })
     r.refused = await attempt(() => js.publish('nottl.a', 'x', { ttl: '1s' }))
+    return r
+  })
+
+  await scenario('schedule_more', async () => {
+    const r = {}
+    await jsm.streams.add({ name: 'SM', subjects: ['sm.>'], allow_msg_schedules: true, allow_rollup_hdrs: true })
+    const pub = (subj, schedule) => attempt(async () => (await js.publish(subj, 'x', { schedule })).seq)
+    r.predefined = await pub('sm.s1', { specification: { predefined: '@hourly' }, target: 'sm.t1' })
+    r.rollup = await pub('sm.s2', { specification: { at: new Date(Date.now() + 300) }, target: 'sm.t2', rollup: 'sub' })
+    r.bad_cron = await pub('sm.s3', { specification: { cron: '61 * * * * *' }, target: 'sm.t3' })
+    r.bad_zone = await pub('sm.s4', { specification: { cron: '0 0 5 * * *' }, target: 'sm.t4', timezone: 'Mars/Olympus' })
+    r.zone_with_at = await pub('sm.s5', { specification: { at: new Date(Date.now() + 3600_000) }, target: 'sm.t5', timezone: 'Europe/Paris' })
+    r.ttl_without_allow = await pub('sm.s6', { specification: { at: new Date(Date.now() + 3600_000) }, target: 'sm.t6', ttl: '5m' })
+    r.wildcard_source = await pub('sm.s7', { specification: { every: '1h' }, target: 'sm.t7', source: 'sm.*' })
+    await js.publish('sm.t2', 'old')
+    await until(async () => {
+      const i = await jsm.streams.info('SM', { subjects_filter: 'sm.t2' })
+      return (i.state.subjects || {})['sm.t2'] === 1 && i.state.last_seq > 8
+    }, 3000)
+    const m = await attempt(async () => {
+      const x = await jsm.streams.getMessage('SM', { last_by_subj: 'sm.t2' })
+      return [x.string(), x.header.get('Nats-Rollup')]
+    })
+    r.rolled_up = m
+    r.t2 = ((await jsm.streams.info('SM', { subjects_filter: 'sm.t2' })).state.subjects || {})['sm.t2']
     return r
   })
 
@@ -753,6 +778,7 @@ SCENARIOS = [
     "counter_sources",
     "schedule",
     "schedule_repeat",
+    "schedule_more",
     "msg_ttl",
     "sourcing",
     "sourcing_more",
@@ -845,6 +871,7 @@ def test_the_scenarios_exercise_the_features(results: Results) -> None:
     )
     assert peer["schedule_repeat"]["fired_twice"] is True and peer["schedule_repeat"]["cancelled"]
     assert peer["sourcing_more"]["after_add"] == 5
+    assert peer["schedule_more"]["rolled_up"] == ["x", "sub"] and peer["schedule_more"]["t2"] == 1
     assert peer["markers"]["max_age"] == ["mk.a", "MaxAge", "1s", 0] and peer["markers"]["gone"]
     assert peer["consumer_more"]["paused"] == [True, True]
     assert peer["pinned_unpin_consume"]["statuses"] == [
