@@ -608,6 +608,194 @@ class Broker:
             seq += 1
         self._ran(stream, first, seq - 1, sink, replies)
 
+    def publish_headered(
+        self,
+        stream: Stream,
+        subject: str,
+        headers: list[bytes],
+        payloads: list[bytes],
+        replies: list[str],
+        sink: PubAckSink | None,
+        start: int = 0,
+    ) -> int:
+        """Store a run of messages with headers to one subject, from ``start`` on, in
+        order, while their headers need nothing beyond a TTL and a msg id; returns the
+        index of the first message not handled (``len(payloads)`` when all were).
+
+        The outcome is that of :meth:`publish_reply` for each message in turn (same
+        sequences, refusals, duplicates and PubAcks): only the work is shared. A header
+        block is read once per distinct block of the run (``Nats-TTL`` blocks repeat
+        byte for byte), and the clock read and group-commit booking are per run. A
+        message whose headers ask for more (expectations, rollup, batches, counters,
+        schedules, markers...) or a stream whose settings act per message (sealed,
+        counters, republish) is left to the caller, which publishes it on its own.
+        """
+        cfg = stream.config
+        n = len(payloads)
+        if start >= n or cfg.sealed or cfg.allow_msg_counter or cfg.republish:
+            return start
+        if cfg.subject_transform:
+            subject = _stored_subject(cfg, subject)
+        name = stream.name
+        now = self.clock.now()
+        store_append = self.store.append
+        append = stream.append
+        sizing = stream.sizing
+        overhead = len(subject)
+        # Per distinct header block: (stored block, TTL, msg id field, refusal).
+        known: dict[bytes, tuple[bytes, int, bytes, errors.ApiError | None] | None] = {}
+        # The accepted messages not yet booked into the commit: first..seq.
+        first = 0
+        seq = 0
+        accepted: list[str] = []
+        ids: list[str] | None = None  # msg ids of first..seq, when any has one
+        # Without limits that could refuse or evict, messages without a msg id are
+        # indexed and stored a stretch at a time (pending until then).
+        bulk = cfg.max_msg_size < 0 and cfg.discard != "new" and not stream.evicts
+        p_blocks: list[bytes] = []
+        p_payloads: list[bytes] = []
+        p_sizes: list[int] = []
+        p_ttls: list[int] = []
+        i = start
+        while i < n:
+            block = headers[i]
+            if block in known:
+                plan = known[block]
+            else:
+                plan = known[block] = _plain_headers(stream, subject, block)
+            if plan is None:
+                break  # headers that need the general path
+            hdrs, ttl, raw_id, refusal = plan
+            payload = payloads[i]
+            reply = replies[i]
+            i += 1
+            if refusal is not None:
+                if reply and sink is not None:
+                    sink.pub_failed(name, [reply], refusal)
+                continue
+            if bulk and not raw_id and len(hdrs) <= 65535:
+                p_blocks.append(hdrs)
+                p_payloads.append(payload)
+                p_sizes.append(overhead + len(hdrs) + len(payload) + sizing.overhead(hdrs))
+                p_ttls.append(ttl)
+                accepted.append(reply)
+                if ids is not None:
+                    ids.append("")
+                continue
+            if p_payloads:
+                pfirst = self._store_run(
+                    stream, subject, now, p_blocks, p_payloads, p_sizes, p_ttls
+                )
+                if not first:
+                    first = pfirst
+                seq = pfirst + len(p_payloads) - 1
+                p_blocks, p_payloads, p_sizes, p_ttls = [], [], [], []
+            msg_id = ""
+            try:
+                if raw_id:
+                    try:
+                        msg_id = raw_id.decode()
+                    except UnicodeDecodeError:
+                        raise errors.invalid_header("Nats-Msg-Id", "not UTF-8") from None
+                    dup = stream.duplicate_of(msg_id, now)
+                    if dup:
+                        if first:  # the original may be among them: booked first
+                            self._book(stream, first, seq, sink, accepted, ids)
+                            first, accepted, ids = 0, [], None
+                        if reply and sink is not None:
+                            self._ack_duplicate(stream, dup, sink, [reply])
+                        continue
+                stream.check_size(len(hdrs), len(payload))
+                extra = sizing.overhead(hdrs)
+                size = overhead + len(hdrs) + len(payload) + extra
+                stream.check_limits_for_new(subject, size, False)
+            except errors.ApiError as exc:
+                if reply and sink is not None:
+                    sink.pub_failed(name, [reply], exc)
+                continue
+            seq = stream.last_seq + 1
+            if not first:
+                first = seq
+            removed = append(MessageMeta(seq, subject, size, now, 0, extra), msg_id)
+            if ttl:
+                self._track_ttl(stream, seq, now, ttl, False, True)
+            store_append(name, StoredMessage(seq, subject, hdrs, payload, now, 0))
+            if removed:
+                self._delete_seqs(stream, removed)
+            if msg_id and ids is None:
+                ids = [""] * len(accepted)
+            if ids is not None:
+                ids.append(msg_id)
+            accepted.append(reply)
+        if p_payloads:
+            pfirst = self._store_run(stream, subject, now, p_blocks, p_payloads, p_sizes, p_ttls)
+            if not first:
+                first = pfirst
+            seq = pfirst + len(p_payloads) - 1
+        if first:
+            self._book(stream, first, seq, sink, accepted, ids)
+        return i
+
+    def _store_run(
+        self,
+        stream: Stream,
+        subject: str,
+        now: int,
+        blocks: list[bytes],
+        payloads: list[bytes],
+        sizes: list[int],
+        ttls: list[int],
+    ) -> int:
+        """Index and store messages with headers (``blocks``) and TTLs (0: none) to
+        ``subject`` in one go, in a stream that does not :attr:`~Stream.evicts`; returns
+        the first sequence. Booking them into the commit is the caller's."""
+        extras = [stream.sizing.overhead(block) for block in blocks]
+        first = stream.append_mixed([subject] * len(sizes), sizes, now, extras)
+        name = stream.name
+        store_append = self.store.append
+        seq = first
+        for block, payload in zip(blocks, payloads, strict=True):
+            store_append(name, StoredMessage(seq, subject, block, payload, now, 0))
+            seq += 1
+        ttl = ttls[0]
+        if ttl > 0 and ttls.count(ttl) == len(ttls):
+            # One TTL for them all (the usual run): one deadline, one slot.
+            deadline = now + ttl * NS
+            stream.ttls.add_many(range(first, seq), deadline, stream.durable_seq)
+            if self._expiry_timer is None or deadline < self._expiry_at:
+                self._schedule_expiry()
+        elif any(ttls):
+            for k, each in enumerate(ttls):
+                if each:
+                    self._track_ttl(stream, first + k, now, each, False, True)
+        return first
+
+    def _book(
+        self,
+        stream: Stream,
+        first: int,
+        last: int,
+        sink: PubAckSink | None,
+        replies: list[str],
+        ids: list[str] | None,
+    ) -> None:
+        """:meth:`_ran` for appends that may carry msg ids (``ids[k]`` for ``first + k``):
+        each of those is booked on its own, so a failed commit forgets its id."""
+        if ids is None or not any(ids):
+            self._ran(stream, first, last, sink, replies)
+            return
+        tick = self._tick_for(self.store.flush())
+        name = stream.name
+        appended = tick.appended
+        for k, msg_id in enumerate(ids):
+            appended.append((stream, first + k, first + k, msg_id))
+        if name not in tick.first_seq:
+            tick.first_seq[name] = first
+        if sink is not None and not self._merge_waiter(tick, sink, name, first, replies):
+            tick.waiters.append((sink, name, first, replies, False))
+        if stream.config.max_age and not self._expiry_timer:
+            self._schedule_expiry()
+
     def _ran(
         self, stream: Stream, first: int, last: int, sink: PubAckSink | None, replies: list[str]
     ) -> None:
@@ -1553,6 +1741,36 @@ def _stored_subject(cfg: StreamConfig, subject: str) -> str:
     if transform is None:
         return subject
     return transform.apply(subject) or subject
+
+
+# The headers a run of publishes may carry and still take the run's path (see
+# Broker.publish_headered): any other Nats-* or Tether-* header has its own handling.
+_RUN_HEADERS = (MSG_TTL, MSG_ID)
+
+
+def _plain_headers(
+    stream: Stream, subject: str, block: bytes
+) -> tuple[bytes, int, bytes, errors.ApiError | None] | None:
+    """What :meth:`Broker._publish_one` makes of a header block holding nothing but a
+    TTL, a msg id and headers of the application's: the block stored, the TTL, the msg
+    id's raw value and the refusal every message with it gets; None for any other."""
+    fields = _header_fields(block) if block else {}
+    for key in fields:
+        if key not in _RUN_HEADERS and key.lower().startswith((b"nats-", b"tether-")):
+            return None
+    ttl = 0
+    raw_ttl = fields.get(MSG_TTL)
+    if raw_ttl:
+        try:
+            ttl = stream.check_expectations(subject, None, None, None, None, raw_ttl)
+        except errors.ApiError as exc:
+            return block, 0, b"", exc
+    marker_ttl = stream.config.subject_delete_marker_ttl
+    if ttl > 0 and marker_ttl and ttl < marker_ttl // NS:
+        # Raised to the delete markers' TTL, as a single publish is.
+        ttl = marker_ttl // NS
+        block = with_ttl(block, ttl)
+    return block, ttl, fields.get(MSG_ID, b""), None
 
 
 def _header_fields(block: bytes) -> dict[bytes, bytes]:

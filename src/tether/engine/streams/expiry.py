@@ -69,6 +69,22 @@ class MessageTTLs:
             heapq.heappush(self._heap, key)
         slot.append(seq)
 
+    def add_many(self, seqs: range, deadline: int, durable_seq: int | None = None) -> None:
+        """:meth:`add` for each of ``seqs``, all due at ``deadline`` (a run of messages
+        stored at once with one TTL): one slot lookup for them all."""
+        if durable_seq is not None:
+            unsettled = self._unsettled
+            if len(unsettled) >= self._prune_at:
+                self._unsettled = unsettled = {s for s in unsettled if s > durable_seq}
+                self._prune_at = max(1024, 2 * len(unsettled))
+            unsettled.update(seqs)
+        key = -(-deadline // SLOT_NS)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = []
+            heapq.heappush(self._heap, key)
+        slot.extend(seqs)
+
     def forget(self, seq: int) -> None:
         """``seq`` is given back: its entry, if any, must not expire what comes next."""
         self.discard(seq)

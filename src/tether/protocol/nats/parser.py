@@ -81,6 +81,19 @@ class BatchHandler(Handler, Protocol):
     ) -> None: ...
 
 
+class HeaderedRunHandler(Handler, Protocol):
+    """A handler that also takes consecutive HPUBs to one subject in one call: the
+    same as ``on_hpub`` for each, in order. The parser uses it when the handler has it,
+    for the complete HPUB frames it finds in one read (see ``Parser._hpub_run``)."""
+
+    def on_hpub_run(
+        self, subject: str, replies: list[str], headers: list[bytes], payloads: list[bytes]
+    ) -> None: ...
+
+
+# The start of an HPUB line as publishers write it (see Parser._hpub_run).
+_HPUB_LINE = b"HPUB "
+
 # The start of an ack's PUB line (see Parser._ack_run).
 _ACK_PUB = b"PUB $JS.ACK."
 _ACK_PUB_LEN = len(_ACK_PUB)
@@ -201,6 +214,7 @@ class Parser:
         "_hsize",
         "_kind",
         "_need",
+        "_on_hpub_run",
         "_on_pub_batch",
         "_on_pub_run",
         "_pub_lines",
@@ -226,6 +240,10 @@ class Parser:
         # ... and runs of acks, each to its own subject (see BatchHandler).
         self._on_pub_batch: Callable[[list[str], list[str], list[bytes]], None] | None = getattr(
             handler, "on_pub_batch", None
+        )
+        # ... and runs of HPUBs to one subject (see HeaderedRunHandler).
+        self._on_hpub_run: Callable[[str, list[str], list[bytes], list[bytes]], None] | None = (
+            getattr(handler, "on_hpub_run", None)
         )
         self.max_payload = max_payload
         self.max_control_line = max_control_line
@@ -320,6 +338,11 @@ class Parser:
                 self._check_long_line(line)
             if line.startswith(_ACK_PUB) and self._on_pub_batch is not None:
                 after = self._ack_run(buf, pos)
+                if after > pos:
+                    pos = after
+                    continue
+            if line.startswith(_HPUB_LINE) and self._on_hpub_run is not None:
+                after = self._hpub_run(buf, pos)
                 if after > pos:
                     pos = after
                     continue
@@ -498,6 +521,87 @@ class Parser:
         if payloads:
             on_pub_batch(subjects, replies, payloads)
         return pos
+
+    def _hpub_run(self, buf: bytes, pos: int) -> int:
+        """Complete ``HPUB <subject> [reply] <hsize> <size>`` frames from ``pos`` (the
+        start of a line), all to the subject of the first, handed to ``on_hpub_run`` in
+        one call (a single frame to ``on_hpub``). Only lines the general path would take
+        as they are (CRLF, plain sizes within the limits) are handled; anything else is
+        left to it. Returns the position after the last frame handled."""
+        on_hpub_run = self._on_hpub_run
+        assert on_hpub_run is not None
+        n = len(buf)
+        max_line = self.max_control_line
+        max_payload = self.max_payload
+        sizes = _SIZES
+        head = _HPUB_LINE
+        raw_subject = b""
+        replies: list[str] = []
+        blocks: list[bytes] = []
+        payloads: list[bytes] = []
+        startswith = buf.startswith
+        find = buf.find
+        while startswith(head, pos):
+            nl = find(b"\n", pos + 5)
+            if nl < 0 or nl - pos > max_line or buf[nl - 1] != 13:
+                break
+            parts = buf[pos + 5 : nl - 1].split()
+            argc = len(parts)
+            if argc == 3:
+                reply = ""
+            elif argc == 4:
+                reply = parts[1].decode("utf-8", "surrogateescape")
+            else:
+                break
+            if not raw_subject:
+                # The subject of the run: later lines must start with exactly this.
+                raw_subject = parts[0]
+                head = _HPUB_LINE + raw_subject + b" "
+            raw_h = parts[argc - 2]
+            hsize = sizes.get(raw_h)
+            if hsize is None:
+                if not raw_h.isdigit() or len(raw_h) > 9:
+                    break
+                hsize = int(raw_h)
+                if len(sizes) < _SIZES_MAX:
+                    sizes[raw_h] = hsize
+            raw = parts[argc - 1]
+            size = sizes.get(raw)
+            if size is None:
+                if not raw.isdigit() or len(raw) > 9:
+                    break
+                size = int(raw)
+                if len(sizes) < _SIZES_MAX:
+                    sizes[raw] = size
+            if size > max_payload or hsize > size:
+                break
+            start = nl + 1
+            end = start + size + 2
+            if end > n:
+                break
+            if buf[end - 2] != 13 or buf[end - 1] != 10:
+                if payloads:  # the frames before the error
+                    self._hpub_done(raw_subject, replies, blocks, payloads)
+                raise ProtocolError(UNKNOWN_OPERATION)
+            split = start + hsize
+            replies.append(reply)
+            blocks.append(buf[start:split])
+            payloads.append(buf[split : end - 2])
+            pos = end
+        if payloads:
+            self._hpub_done(raw_subject, replies, blocks, payloads)
+        return pos
+
+    def _hpub_done(
+        self, raw_subject: bytes, replies: list[str], blocks: list[bytes], payloads: list[bytes]
+    ) -> None:
+        subject = decode(raw_subject)
+        if len(payloads) == 1:
+            self._handler.on_hpub(subject, replies[0], blocks[0], payloads[0])
+            return
+        on_hpub_run = self._on_hpub_run
+        assert on_hpub_run is not None
+        on_hpub_run(subject, replies, blocks, payloads)
 
     def _partial(self, buf: bytes, pos: int) -> int:
         """A line without its newline yet: fail now if it cannot become a valid op."""

@@ -733,6 +733,29 @@ class ClientConnection(asyncio.Protocol):
         # An empty header block is a plain message, as nats-server delivers it.
         self.server.router.publish(self, subject, reply, headers or None, payload)
 
+    def on_hpub_run(
+        self, subject: str, replies: list[str], headers: list[bytes], payloads: list[bytes]
+    ) -> None:
+        """Consecutive HPUBs to ``subject`` parsed in one go: ``on_hpub`` for each."""
+        perms = self._pub_perms
+        if (
+            not self._runs
+            or not self.headers
+            or (perms is not None and perms.pub_cache.get(subject) is not True)
+            or ".." in subject
+            or subject[0] == "."
+            or subject[-1] == "."
+            or _any_reserved(replies)
+        ):
+            for reply, block, payload in zip(replies, headers, payloads, strict=True):
+                self.on_hpub(subject, reply, block, payload)
+            return
+        if self._run_payloads:
+            self._end_run()
+        self.in_msgs += len(payloads)
+        self.in_bytes += sum(map(len, payloads)) + sum(map(len, headers))
+        self.server.router.publish_headered_run(self, subject, replies, headers, payloads)
+
     def on_sub(self, subject: str, queue: str, sid: str) -> None:
         if self._run_payloads:
             self._end_run()

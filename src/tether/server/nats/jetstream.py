@@ -239,10 +239,19 @@ class JetStreamApi:
         def capture_mixed(subjects: list[str], replies: list[str], payloads: list[bytes]) -> None:
             self._capture_mixed(name, subjects, replies, payloads)
 
+        def capture_headered(
+            subject: str, replies: list[str], blocks: list[bytes], payloads: list[bytes]
+        ) -> None:
+            self._capture_headered(name, subject, replies, blocks, payloads)
+
         for subject in stream.config.subjects:
             subs.append(
                 self.router.subscribe_internal(
-                    subject, capture, run_handler=capture_run, batch_handler=capture_mixed
+                    subject,
+                    capture,
+                    run_handler=capture_run,
+                    batch_handler=capture_mixed,
+                    headered_handler=capture_headered,
                 )
             )
         if stream.config.allow_direct:
@@ -340,6 +349,46 @@ class JetStreamApi:
             return
         sink = None if stream.config.no_ack else self
         self.broker.publish_mixed(stream, subjects, payloads, replies, sink)
+
+    def _capture_headered(
+        self,
+        name: str,
+        subject: str,
+        replies: list[str],
+        blocks: list[bytes],
+        payloads: list[bytes],
+    ) -> None:
+        """A run of publishes with headers to one subject: as :meth:`_capture` for each.
+        The broker takes the messages it can as a run; each one it leaves (headers with
+        their own handling) is captured on its own, then the run goes on after it."""
+        stream = self.broker.streams.get(name)
+        if stream is None:
+            return
+        cfg = stream.config
+        if (
+            cfg.allow_atomic
+            or cfg.allow_msg_counter
+            or not requests.is_utf8(subject)
+            or (FAST_BATCH + "\n") in "\n".join(replies) + "\n"  # any reply ending so
+        ):
+            # PubAcks with more than a sequence, or refusals: message by message.
+            for reply, block, payload in zip(replies, blocks, payloads, strict=True):
+                self._capture(name, subject, reply, block or None, payload)
+            return
+        sink = None if cfg.no_ack else self
+        publish = self.broker.publish_headered
+        n = len(payloads)
+        i = 0
+        while i < n:
+            i = publish(stream, subject, blocks, payloads, replies, sink, i)
+            if i < n:
+                self._capture(name, subject, replies[i], blocks[i] or None, payloads[i])
+                i += 1
+                if self.broker.streams.get(name) is not stream:
+                    # Deleted or changed by what that message did: the rest as usual.
+                    for k in range(i, n):
+                        self._capture(name, subject, replies[k], blocks[k] or None, payloads[k])
+                    return
 
     def _ack_prefix(self, name: str) -> bytes:
         prefix = self._pub_ack_prefix.get(name)

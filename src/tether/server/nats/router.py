@@ -16,6 +16,7 @@ from tether.server.nats.subscriptions import (
     BatchHandler,
     Client,
     ClientSubscription,
+    HeaderedRunHandler,
     InternalHandler,
     InternalSubscription,
     RunHandler,
@@ -60,8 +61,11 @@ class Router:
         queue: str = "",
         run_handler: RunHandler | None = None,
         batch_handler: BatchHandler | None = None,
+        headered_handler: HeaderedRunHandler | None = None,
     ) -> InternalSubscription:
-        sub = InternalSubscription(subject, handler, queue, run_handler, batch_handler)
+        sub = InternalSubscription(
+            subject, handler, queue, run_handler, batch_handler, headered_handler
+        )
         self.index.add(subject, sub, queue or None)
         return sub
 
@@ -157,6 +161,38 @@ class Router:
                     return
         for reply, payload in zip(replies, payloads, strict=True):
             publish(origin, subject, reply, None, payload)
+
+    def publish_headered_run(
+        self,
+        origin: Client,
+        subject: str,
+        replies: list[str],
+        blocks: list[bytes],
+        payloads: list[bytes],
+    ) -> None:
+        """:meth:`publish` for each of a run of messages with headers to one subject
+        (``blocks[i]`` the header block of ``payloads[i]``; an empty one is none).
+
+        When the subject's only subscriber is an internal one that takes such runs (a
+        stream capturing it), the run goes to it in one call; otherwise message by
+        message.
+        """
+        publish = self.publish
+        if subject not in self._subject_bytes:
+            # First sight: the general path checks the subject and remembers it.
+            publish(origin, subject, replies[0], blocks[0] or None, payloads[0])
+            if len(replies) == 1:
+                return
+            replies, blocks, payloads = replies[1:], blocks[1:], payloads[1:]
+        if subject in self._subject_bytes:
+            m = self._match[subject]
+            if len(m.plain) == 1 and not m.groups:
+                sub = m.plain[0]
+                if type(sub) is InternalSubscription and sub.headered_handler is not None:
+                    sub.headered_handler(subject, replies, blocks, payloads)
+                    return
+        for reply, block, payload in zip(replies, blocks, payloads, strict=True):
+            publish(origin, subject, reply, block or None, payload)
 
     def publish_batch(
         self,

@@ -48,6 +48,9 @@ InternalHandler = Callable[[str, str, bytes | None, bytes], None]
 RunHandler = Callable[[str, list[str], list[bytes]], None]
 # (subjects, replies, payloads): a batch of header-less messages, each to its subject.
 BatchHandler = Callable[[list[str], list[str], list[bytes]], None]
+# (subject, replies, header blocks, payloads): a run of messages with headers to one
+# subject, in order.
+HeaderedRunHandler = Callable[[str, list[str], list[bytes], list[bytes]], None]
 
 
 class InternalSubscription:
@@ -57,10 +60,19 @@ class InternalSubscription:
     by one connection (see :meth:`Router.publish_many`) is handed over in one call,
     which must have the effect of ``handler`` called for each message in turn. A
     ``batch_handler`` does the same for a batch of acks, each to its own subject (see
-    :meth:`Router.publish_batch`).
+    :meth:`Router.publish_batch`), and a ``headered_handler`` for a run of messages with
+    headers to one subject (see :meth:`Router.publish_headered_run`).
     """
 
-    __slots__ = ("batch_handler", "client", "handler", "queue", "run_handler", "subject")
+    __slots__ = (
+        "batch_handler",
+        "client",
+        "handler",
+        "headered_handler",
+        "queue",
+        "run_handler",
+        "subject",
+    )
 
     def __init__(
         self,
@@ -69,12 +81,14 @@ class InternalSubscription:
         queue: str = "",
         run_handler: RunHandler | None = None,
         batch_handler: BatchHandler | None = None,
+        headered_handler: HeaderedRunHandler | None = None,
     ) -> None:
         self.subject = subject
         self.handler = handler
         self.queue = queue
         self.run_handler = run_handler
         self.batch_handler = batch_handler
+        self.headered_handler = headered_handler
         self.client: Client | None = None
 
     def deliver(
