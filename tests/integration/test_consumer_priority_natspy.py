@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import nats
@@ -27,15 +27,6 @@ API = "$JS.API"
 def server() -> Iterator[RunningServer]:
     with run_server(store="memory") as srv:
         yield srv
-
-
-@pytest.fixture
-async def nc(server: RunningServer) -> AsyncIterator[Client]:
-    client = await nats.connect(server.url)
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 async def request(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:

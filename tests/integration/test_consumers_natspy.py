@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import nats
 import pytest
@@ -24,20 +24,6 @@ _names = itertools.count()
 def server() -> Iterator[RunningServer]:
     with run_server(store="memory") as srv:
         yield srv
-
-
-@pytest.fixture
-async def nc(server: RunningServer) -> AsyncIterator[Client]:
-    client = await nats.connect(server.url)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-def js(nc: Client) -> JetStreamContext:
-    return nc.jetstream()
 
 
 async def stream(js: JetStreamContext, **config: object) -> str:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
-import nats
 import pytest
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
@@ -27,20 +25,6 @@ _buckets = itertools.count()
 def server() -> Iterator[RunningServer]:
     with run_server(store="memory") as srv:
         yield srv
-
-
-@pytest.fixture
-async def nc(server: RunningServer) -> AsyncIterator[Client]:
-    client = await nats.connect(server.url)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-def js(nc: Client) -> JetStreamContext:
-    return nc.jetstream()
 
 
 async def bucket(js: JetStreamContext, history: int = 5, direct: bool = True) -> KeyValue:

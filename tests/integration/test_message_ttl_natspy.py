@@ -4,9 +4,8 @@ KV), against a real ``tether serve`` (SQLite store)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
-import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -24,21 +23,6 @@ NS = 1_000_000_000
 def server() -> Iterator[RunningServer]:
     with run_server() as srv:
         yield srv
-
-
-@pytest.fixture
-async def nc(server: RunningServer) -> AsyncIterator[Client]:
-    client = await nats.connect(server.url)
-    yield client
-    jsm = client.jsm()
-    for info in await jsm.streams_info():
-        await jsm.delete_stream(info.config.name or "")
-    await client.close()
-
-
-@pytest.fixture
-def js(nc: Client) -> JetStreamContext:
-    return nc.jetstream()
 
 
 async def eventually_gone(kv: KeyValue, key: str, within: float = 5.0) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 
 import nats
@@ -24,29 +24,15 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError
 from nats.js.manager import JetStreamManager
 
-from tether.testing import run_server
+from tether.testing import RunningServer, run_server
 
 SOURCE = "Nats-Stream-Source"
 
 
 @pytest.fixture
-async def nc() -> AsyncIterator[Client]:
+def server() -> Iterator[RunningServer]:
     with run_server() as srv:
-        client = await nats.connect(srv.url)
-        try:
-            yield client
-        finally:
-            await client.close()
-
-
-@pytest.fixture
-def js(nc: Client) -> JetStreamContext:
-    return nc.jetstream()
-
-
-@pytest.fixture
-def jsm(nc: Client) -> JetStreamManager:
-    return nc.jsm()
+        yield srv
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:

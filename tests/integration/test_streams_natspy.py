@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import nats
@@ -36,27 +36,6 @@ API = "$JS.API"
 def server() -> Iterator[RunningServer]:
     with run_server() as srv:
         yield srv
-
-
-@pytest.fixture
-async def nc(server: RunningServer) -> AsyncIterator[Client]:
-    client = await nats.connect(server.url)
-    yield client
-    # Every test starts from an empty server.
-    jsm = client.jsm()
-    for info in await jsm.streams_info():
-        await jsm.delete_stream(info.config.name or "")
-    await client.close()
-
-
-@pytest.fixture
-def jsm(nc: Client) -> JetStreamManager:
-    return nc.jsm()
-
-
-@pytest.fixture
-def js(nc: Client) -> JetStreamContext:
-    return nc.jetstream()
 
 
 async def api(nc: Client, subject: str, body: Any = b"", wait: float = 2.0) -> Any:

@@ -1,0 +1,39 @@
+"""Fixtures of the tests that speak to a Tether server through nats-py.
+
+A module supplies ``server`` (its own store and scope); ``nc`` is a connection to it,
+``js`` and ``jsm`` its JetStream contexts. Every test leaves the server without
+streams, so that a module-scoped server serves each test as if it were new."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.manager import JetStreamManager
+
+from tether.testing import RunningServer
+
+
+@pytest.fixture
+async def nc(server: RunningServer) -> AsyncIterator[Client]:
+    client = await nats.connect(server.url)
+    try:
+        yield client
+        jsm = client.jsm()
+        for info in await jsm.streams_info():
+            await jsm.delete_stream(info.config.name or "")
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def js(nc: Client) -> JetStreamContext:
+    return nc.jetstream()
+
+
+@pytest.fixture
+def jsm(nc: Client) -> JetStreamManager:
+    return nc.jsm()
