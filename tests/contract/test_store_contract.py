@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from tether.storage import (
+    FILE_SIZING,
+    MEMORY_SIZING,
     ConsumerRecord,
     MessageColumns,
     MessageMeta,
@@ -240,6 +242,20 @@ async def test_load_index_order_and_fields(store: Store) -> None:
         MessageMeta(3, "c", (await store.read("s", 3)).size, TS + 3, 0),  # type: ignore[union-attr]
     ]
     assert await store.load_index("missing") == []
+
+
+async def test_load_index_sizes_messages_as_asked(store: Store) -> None:
+    # A file stream counts subject + payload + 30, subject + headers + payload + 34
+    # with headers; ``overhead`` keeps what the size adds to the message's bytes.
+    store.append("s", msg(1, "b.a", headers=b"NATS/1.0\r\nK: v\r\n\r\n", data=b"hello"))
+    await store.append("s", msg(2, "b.a", data=b"hello"))
+    index = await store.load_index("s", FILE_SIZING)
+    assert index == [
+        MessageMeta(1, "b.a", 60, TS + 1, 0, 34),
+        MessageMeta(2, "b.a", 38, TS + 2, 0, 30),
+    ]
+    memory = await store.load_index("s", MEMORY_SIZING)
+    assert [(m.size, m.overhead) for m in memory] == [(42, 16), (24, 16)]
 
 
 async def test_last_seq_survives_deleting_the_tail(store: Store) -> None:
