@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from nats.js.api import StorageType
 
 from tether.testing import NatsServerProcess, find_nats_server, run_server
 
@@ -110,6 +111,10 @@ async def _scenario(url: str) -> Any:
     js = nc.jetstream()
     await js.add_stream(name="S", subjects=["s.>"])
     await js.publish("s.1", b"x")
+    await js.publish("s.2", b"with headers", headers={"K": "v"})
+    # After S by name and by age: key paths are read from the first stream.
+    await js.add_stream(name="T", subjects=["t.>"], storage=StorageType.MEMORY)
+    await js.publish("t.1", b"in memory", headers={"K": "v"})
     await js.pull_subscribe("s.>", "dur")
     await nc.subscribe("foo.*")
     await nc.flush()
@@ -181,10 +186,26 @@ def test_the_same_scenario_counts_the_same(both: Any) -> None:
         subjects = {s["subject"] for s in conns["connections"][0]["subscriptions_list_detail"]}
         assert "foo.*" in subjects
         jsz = body["/jsz?consumers=1&config=1"]
-        assert (jsz["streams"], jsz["consumers"], jsz["messages"]) == (1, 1, 1)
-        stream = jsz["account_details"][0]["stream_detail"][0]
-        assert stream["name"] == "S"
+        assert (jsz["streams"], jsz["consumers"], jsz["messages"]) == (2, 1, 3)
+        details = jsz["account_details"][0]["stream_detail"]
+        stream = next(s for s in details if s["name"] == "S")
         assert stream["consumer_detail"][0]["name"] == "dur"
-        assert stream["consumer_detail"][0]["num_pending"] == 1
+        assert stream["consumer_detail"][0]["num_pending"] == 2
         assert body["/healthz"] == {"status": "ok"}
         assert body["/accountz"]["accounts"][-1] == "$G" or "$G" in body["/accountz"]["accounts"]
+    # Bytes as nats-server counts them: a file stream its records, a memory stream
+    # subject + headers + payload + 16.
+    mine, peer = ours["/jsz?consumers=1&config=1"], theirs["/jsz?consumers=1&config=1"]
+    assert (mine["bytes"], mine["storage"], mine["memory"]) == (
+        peer["bytes"],
+        peer["storage"],
+        peer["memory"],
+    )
+    assert peer["storage"] == (3 + 1 + 30) + (3 + 18 + 12 + 34)
+    assert peer["memory"] == 3 + 18 + 9 + 16
+
+    def sizes(jsz: dict[str, Any]) -> dict[str, int]:
+        streams = jsz["account_details"][0]["stream_detail"]
+        return {s["name"]: s["state"]["bytes"] for s in streams}
+
+    assert sizes(mine) == sizes(peer)
