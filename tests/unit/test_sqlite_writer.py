@@ -41,12 +41,12 @@ async def test_appends_of_any_count_are_all_stored(tmp_path: Path, count: int) -
 
 
 def test_the_message_cache_mirrors_committed_appends() -> None:
-    from tether.storage.sqlite import _MessageCache
+    from tether.storage.cache import MessageCache
 
     def m(seq: int, data: bytes) -> StoredMessage:
         return StoredMessage(seq, "s", b"", data, 0, 0)
 
-    cache = _MessageCache(limit=3 * (1 + 16 + 10))  # three messages of 10 bytes
+    cache = MessageCache(limit=3 * (1 + 16 + 10))  # three messages of 10 bytes
     cache.apply([(0, "A", m(1, b"a" * 10)), (0, "A", m(2, b"b" * 10))])
     cache.apply([(0, "A", m(2, b"c" * 10))])  # stored again: replaces, counted once
     assert cache.get("A", 2) == m(2, b"c" * 10)
@@ -60,16 +60,16 @@ def test_the_message_cache_mirrors_committed_appends() -> None:
 
 
 def test_the_message_cache_keeps_no_trace_of_deleted_messages() -> None:
-    from tether.storage.sqlite import _MessageCache
+    from tether.storage.cache import MessageCache
 
-    cache = _MessageCache(limit=1 << 20)
+    cache = MessageCache(limit=1 << 20)
     for seq in range(1, 5001):  # a work queue: each message deleted once consumed
         cache.apply([(0, "Q", StoredMessage(seq, "q", b"", b"x", 0, 0))])
         cache.apply([(3, "Q", (seq,))] if seq % 2 else [(4, "Q", seq, seq)])
     cache.apply([(0, "Q", StoredMessage(5001, "q", b"", b"x", 0, 0))])
     assert len(cache) == 1 and cache.get("Q", 5001) is not None
     assert len(cache._runs) <= 1025  # what is gone is forgotten, not kept in order
-    tiny = _MessageCache(limit=2 * (1 + 16 + 1))
+    tiny = MessageCache(limit=2 * (1 + 16 + 1))
     for stream, seq in [("A", 1), ("B", 1), ("A", 2)]:
         tiny.apply([(0, stream, StoredMessage(seq, "q", b"", b"x", 0, 0))])
     assert [tiny.get("A", 1), tiny.get("B", 1) is not None, tiny.get("A", 2) is not None] == [

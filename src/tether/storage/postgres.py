@@ -22,9 +22,7 @@ import asyncio
 import contextlib
 import importlib.resources
 import re
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.storage.base import (
@@ -38,6 +36,7 @@ from tether.storage.base import (
     StoredMessage,
     StreamRecord,
 )
+from tether.storage.cache import MiB
 from tether.storage.checksum import crc32, head, stream_seed
 from tether.storage.group_commit import (
     APPEND,
@@ -48,14 +47,9 @@ from tether.storage.group_commit import (
     PUT_CONSUMER,
     PUT_CONSUMER_STATE,
     PUT_STREAM,
-    Batch,
-    BatchingStore,
     Op,
-    Settled,
-    ThreadCommitter,
 )
-from tether.storage.sqlite import MiB
-from tether.storage.sqlite import _MessageCache as MessageCache
+from tether.storage.threaded import ThreadedStore
 
 if TYPE_CHECKING:
     import psycopg
@@ -534,7 +528,7 @@ def _rows(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> lis
 # -- the store --------------------------------------------------------------------------
 
 
-class PostgresStore(BatchingStore):
+class PostgresStore(ThreadedStore[_Writer, "psycopg.Connection[Any]"]):
     """A durable store in a PostgreSQL database (``postgresql://user:pass@host/db``).
 
     ``epoch``: the fencing epoch this node was given when it became active (see
@@ -558,7 +552,6 @@ class PostgresStore(BatchingStore):
         writer_options: str = "",
         cache_bytes: int = 64 * MiB,
     ) -> None:
-        super().__init__()
         require_psycopg()
         self.url = url
         self.keepalive = keepalive
@@ -566,61 +559,13 @@ class PostgresStore(BatchingStore):
         self._writer = _Writer(
             url, epoch, synchronous_commit, keepalive, self._fenced_in_writer, writer_options
         )
-        self._committer = ThreadCommitter(
-            self._writer,
-            name="tether-postgres-writer",
-            on_settled=self._settle,
-            on_refused=self._refused,
-        )
-        self._cache = MessageCache(cache_bytes) if cache_bytes > 0 else None
-        self._readers: ThreadPoolExecutor | None = None
-        self._reader_conns: list[psycopg.Connection[Any]] = []
-        self._reader_lock = threading.Lock()
-        self._local = threading.local()
-        self._state = "new"
-        self._closing: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        super().__init__(self._writer, cache_bytes)
 
     @property
     def fenced(self) -> Fenced | None:
         return self._writer.fenced
 
     # -- lifecycle -------------------------------------------------------------------
-    async def open(self) -> None:
-        if self._state == "open":
-            return
-        if self._state != "new":
-            raise StorageError("the store is closed and cannot be reopened")
-        self._loop = asyncio.get_running_loop()
-        await self._committer.start()
-        self._readers = ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="tether-postgres-reader"
-        )
-        self._group.bind(self._loop)
-        self._state = "open"
-
-    async def close(self) -> None:
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
-
-    async def _close(self) -> None:
-        if self._state == "open":
-            await self._drain()
-            self._group.close()
-        self._state = "closed"
-        readers, self._readers = self._readers, None
-        if readers is not None:
-            readers.shutdown(wait=True)
-        with self._reader_lock:
-            conns, self._reader_conns = self._reader_conns, []
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                conn.close()
-        await self._committer.stop()
-        if self._cache is not None:
-            self._cache.clear()
-
     def call_in_writer(self, fn: Callable[[psycopg.Connection[Any]], T]) -> asyncio.Future[T]:
         """Run ``fn(write_connection)`` on the writer thread, between two commits."""
         return self._committer.call(lambda writer: fn(writer.connection))
@@ -631,36 +576,18 @@ class PostgresStore(BatchingStore):
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(handler, fenced)
 
-    # -- group commit ----------------------------------------------------------------
-    def _hand_off(self, batch: Batch) -> None:
-        self._committer.submit(batch)
-
-    def _settle(self, results: list[Settled]) -> None:
-        cache, group = self._cache, self._group
-        for batch, error in results:
-            if error is None and cache is not None:
-                cache.apply(batch.ops)
-            group.settle(batch, error)
-
     # -- reads -----------------------------------------------------------------------
-    async def _run_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        readers = self._readers
-        if readers is None:
-            raise StorageError(f"the store is {self._state}, not open")
-        return await asyncio.get_running_loop().run_in_executor(readers, self._in_reader, fn)
-
     def _in_reader(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         pg = require_psycopg()
         for attempt in (1, 2):
             conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
             try:
                 if conn is None or conn.closed:
-                    conn = connect(
-                        self.url, keepalive=self.keepalive, application_name="tether-reader"
+                    conn = self._keep_reader(
+                        connect(
+                            self.url, keepalive=self.keepalive, application_name="tether-reader"
+                        )
                     )
-                    with self._reader_lock:
-                        self._reader_conns.append(conn)
-                    self._local.conn = conn
                 return fn(conn)
             except pg.OperationalError as exc:
                 # A connection broken by a restart of PostgreSQL: one more try on a new one.
@@ -761,19 +688,11 @@ class PostgresStore(BatchingStore):
         if not seqs:
             return []
         wanted = sorted(set(seqs))
-        cache = self._cache
-        if cache is not None and self._state == "open":
-            hits = [cache.get(stream, seq) for seq in wanted]
-            if all(hit is not None for hit in hits):
-                return [hit for hit in hits if hit is not None]
+        hits = self._all_cached(stream, wanted)
+        if hits is not None:
+            return hits
 
         def load(conn: psycopg.Connection[Any]) -> list[StoredMessage]:
             return _verified(stream, _rows(conn, SQL_READ_MANY, (stream, wanted)))
 
         return await self._run_read(load)
-
-    def cached(self, stream: str, seq: int) -> StoredMessage | None:
-        cache = self._cache
-        if cache is None or self._state != "open":
-            return None
-        return cache.get(stream, seq)

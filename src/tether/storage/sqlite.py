@@ -20,11 +20,8 @@ import functools
 import os
 import sqlite3
 import struct
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -42,6 +39,7 @@ from tether.storage.base import (
     StoredMessage,
     StreamRecord,
 )
+from tether.storage.cache import MiB
 from tether.storage.checksum import checksum, crc32, head, stream_seed
 from tether.storage.group_commit import (
     APPEND,
@@ -52,11 +50,8 @@ from tether.storage.group_commit import (
     PUT_CONSUMER,
     PUT_CONSUMER_STATE,
     PUT_STREAM,
-    Batch,
-    BatchingStore,
     Op,
     Settled,
-    ThreadCommitter,
 )
 from tether.storage.manifest import (
     MANIFEST_FILENAME,
@@ -68,6 +63,7 @@ from tether.storage.manifest import (
     write_manifest,
 )
 from tether.storage.stats import LATENCY_BUCKETS, Histogram, StoreStats, disk_bytes
+from tether.storage.threaded import ThreadedStore
 
 __all__ = ["DB_FILENAME", "SqliteStore"]
 
@@ -78,7 +74,6 @@ WAL_SUFFIX = "-wal"
 # 1: the first schema. 2: ``messages.crc``, each message's checksum (see checksum.py).
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 5000
-MiB = 1024 * 1024
 
 # -- SQL --------------------------------------------------------------------------------
 # Every statement the backend runs. ``stream_seq`` holds each stream's high-water mark,
@@ -682,138 +677,6 @@ class _Transaction:
             self._states.clear()
 
 
-# -- the message cache ------------------------------------------------------------------
-
-
-def _size(m: StoredMessage) -> int:
-    return len(m.subject) + len(m.headers) + len(m.data) + 16
-
-
-class _MessageCache:
-    """Recently committed messages, oldest evicted first once over ``limit`` bytes.
-
-    Only touched on the loop thread: filled and trimmed as commits complete, in commit
-    order, so it mirrors the committed state of the messages it holds. One dict per
-    stream, keyed by sequence; the order of arrival is kept as runs of sequences
-    (``(stream, first, last)``), one per stretch of consecutive appends, so filling it
-    costs one dict operation per message.
-    """
-
-    __slots__ = ("_limit", "_runs", "_size", "_streams")
-
-    def __init__(self, limit: int) -> None:
-        self._streams: dict[str, dict[int, StoredMessage]] = {}
-        self._runs: deque[tuple[str, int, int]] = deque()
-        self._limit = limit
-        self._size = 0
-
-    def get(self, stream: str, seq: int) -> StoredMessage | None:
-        messages = self._streams.get(stream)
-        return None if messages is None else messages.get(seq)
-
-    def __len__(self) -> int:
-        return sum(map(len, self._streams.values()))
-
-    def clear(self) -> None:
-        self._streams.clear()
-        self._runs.clear()
-        self._size = 0
-
-    def apply(self, ops: list[Op]) -> None:
-        """Mirror the ops of a committed batch."""
-        streams, runs, limit = self._streams, self._runs, self._limit
-        size = self._size
-        name = ""  # the run of appends being recorded: name, first .. last
-        first = last = 0
-        messages: dict[int, StoredMessage] = {}
-        for op in ops:
-            if op[0] == APPEND:
-                m = op[2]
-                seq = m.seq
-                if op[1] != name or seq != last + 1:
-                    if name:
-                        runs.append((name, first, last))
-                    name = op[1]
-                    first = seq
-                    messages = streams.get(name) or streams.setdefault(name, {})
-                last = seq
-                prev = messages.setdefault(seq, m)
-                if prev is not m:  # a sequence stored again replaces the old one
-                    size -= _size(prev)
-                    messages[seq] = m
-                m_size = len(m.subject) + len(m.headers) + len(m.data) + 16
-                if m_size <= limit:
-                    size += m_size
-                else:
-                    del messages[seq]
-                continue
-            if name:
-                runs.append((name, first, last))
-                name = ""
-            if op[0] == DELETE_MESSAGES:
-                size -= self._drop(op[1], op[2])
-            elif op[0] == DELETE_RANGE:
-                size -= self._drop_range(op[1], op[2], op[3])
-            elif op[0] == DELETE_STREAM:
-                gone = streams.pop(op[1], None)
-                if gone:
-                    size -= sum(map(_size, gone.values()))
-        if name:
-            runs.append((name, first, last))
-        if len(runs) > 1024 and len(runs) > len(self):
-            self._compact()
-            runs = self._runs
-        while size > limit and runs:
-            stream, seq, end = runs.popleft()
-            messages = streams.get(stream) or {}
-            pop = messages.pop
-            while seq <= end:
-                old = pop(seq, None)
-                seq += 1
-                if old is not None:
-                    size -= _size(old)
-                    if size <= limit:
-                        break
-            if seq <= end:
-                runs.appendleft((stream, seq, end))  # the rest stays for next time
-        self._size = size
-
-    def _compact(self) -> None:
-        """Forget the runs whose messages are all gone (deleted, not evicted), and
-        narrow the others to what is left, so deletes cannot grow the runs for ever."""
-        streams = self._streams
-        kept: deque[tuple[str, int, int]] = deque()
-        for stream, first, last in self._runs:
-            messages = streams.get(stream)
-            if not messages:
-                continue
-            live = [seq for seq in range(first, last + 1) if seq in messages]
-            if live:
-                kept.append((stream, live[0], live[-1]))
-        self._runs = kept
-
-    def _drop(self, stream: str, seqs: Iterable[int]) -> int:
-        messages = self._streams.get(stream)
-        if not messages:
-            return 0
-        pop = messages.pop
-        dropped = 0
-        for seq in seqs:
-            old = pop(seq, None)
-            if old is not None:
-                dropped += _size(old)
-        return dropped
-
-    def _drop_range(self, stream: str, first: int, last: int) -> int:
-        messages = self._streams.get(stream)
-        if not messages:
-            return 0
-        if last - first < len(messages):
-            return self._drop(stream, range(first, last + 1))
-        # A purge-sized range: walking the cache beats walking the range.
-        return self._drop(stream, [seq for seq in messages if first <= seq <= last])
-
-
 # -- reads (on the reader threads) ------------------------------------------------------
 # Rows come back as (seq, subject, headers, data, ts, priority, crc). Each is checked
 # against its checksum before anything of it is returned: a damaged message raises
@@ -957,7 +820,7 @@ def _ignore_outcome(future: asyncio.Future[None]) -> None:
         future.exception()  # retrieved: a failure is retried by the next refresh
 
 
-class SqliteStore(BatchingStore):
+class SqliteStore(ThreadedStore[_Writer, sqlite3.Connection]):
     """A durable store in ``directory/tether.db`` (the directory is created if missing).
 
     ``sync="always"`` fsyncs every group commit; ``sync="os"`` leaves flushing to the
@@ -980,65 +843,20 @@ class SqliteStore(BatchingStore):
         cache_bytes: int = 64 * MiB,
         manifest_interval: float = 0.2,
     ) -> None:
-        super().__init__()
         if sync not in ("always", "os"):
             raise ValueError(f"sync must be 'always' or 'os', not {sync!r}")
         self.directory = Path(directory).absolute()
         self.path = self.directory / DB_FILENAME
         self.sync: Literal["always", "os"] = sync
         self._writer = _Writer(self.path, sync)
-        self._committer = ThreadCommitter(
-            self._writer,
-            name="tether-sqlite-writer",
-            on_settled=self._settle,
-            on_refused=self._refused,
-        )
-        self._cache = _MessageCache(cache_bytes) if cache_bytes > 0 else None
-        self._readers: ThreadPoolExecutor | None = None
-        self._reader_conns: list[sqlite3.Connection] = []
-        self._reader_lock = threading.Lock()
-        self._local = threading.local()
-        self._state = "new"
-        self._closing: asyncio.Future[None] | None = None
+        super().__init__(self._writer, cache_bytes)
         self._manifest_interval = manifest_interval
         self._manifest_timer: asyncio.TimerHandle | None = None
 
-    # -- lifecycle -------------------------------------------------------------------
-    async def open(self) -> None:
-        if self._state == "open":
-            return
-        if self._state != "new":
-            raise StorageError("the store is closed and cannot be reopened")
-        await self._committer.start()
-        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tether-sqlite-reader")
-        self._group.bind(asyncio.get_running_loop())
-        self._state = "open"
-
-    async def close(self) -> None:
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
-
-    async def _close(self) -> None:
-        if self._state == "open":
-            await self._drain()
-            self._group.close()
-        self._state = "closed"
+    def _closed(self) -> None:
         if self._manifest_timer is not None:
             self._manifest_timer.cancel()  # the writer brings it up to date as it stops
             self._manifest_timer = None
-        readers, self._readers = self._readers, None
-        if readers is not None:
-            # Reads in flight finish on their own; none can start any more.
-            readers.shutdown(wait=True)
-        with self._reader_lock:
-            conns, self._reader_conns = self._reader_conns, []
-        for conn in conns:
-            conn.close()
-        # The writer closes last so that its connection checkpoints the WAL away.
-        await self._committer.stop()
-        if self._cache is not None:
-            self._cache.clear()
 
     def call_in_writer(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Run ``fn(write_connection)`` on the writer thread, between two commits.
@@ -1049,15 +867,8 @@ class SqliteStore(BatchingStore):
         return self._committer.call(lambda writer: fn(writer.connection))
 
     # -- group commit ----------------------------------------------------------------
-    def _hand_off(self, batch: Batch) -> None:
-        self._committer.submit(batch)
-
     def _settle(self, results: list[Settled]) -> None:
-        cache, group = self._cache, self._group
-        for batch, error in results:
-            if error is None and cache is not None:
-                cache.apply(batch.ops)
-            group.settle(batch, error)
+        super()._settle(results)
         if self._writer.manifest_dirty and self._manifest_timer is None and self._state == "open":
             self._manifest_timer = asyncio.get_running_loop().call_later(
                 self._manifest_interval, self._refresh_manifest
@@ -1075,12 +886,6 @@ class SqliteStore(BatchingStore):
         done.add_done_callback(_ignore_outcome)
 
     # -- reads -----------------------------------------------------------------------
-    async def _run_read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        readers = self._readers
-        if readers is None:
-            raise StorageError(f"the store is {self._state}, not open")
-        return await asyncio.get_running_loop().run_in_executor(readers, self._in_reader, fn)
-
     def _in_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
             conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -1093,10 +898,8 @@ class SqliteStore(BatchingStore):
     def _connect_reader(self) -> sqlite3.Connection:
         uri = self.path.as_uri() + "?mode=ro"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        with self._reader_lock:
-            self._reader_conns.append(conn)
+        self._keep_reader(conn)
         conn.execute(SQL_BUSY_TIMEOUT)
-        self._local.conn = conn
         return conn
 
     def stats(self) -> StoreStats:
@@ -1148,15 +951,7 @@ class SqliteStore(BatchingStore):
         if not seqs:
             return []
         wanted = sorted(set(seqs))
-        cache = self._cache
-        if cache is not None and self._state == "open":
-            hits = [cache.get(stream, seq) for seq in wanted]
-            if all(hit is not None for hit in hits):
-                return [hit for hit in hits if hit is not None]
+        hits = self._all_cached(stream, wanted)
+        if hits is not None:
+            return hits
         return await self._run_read(lambda conn: _read_many(conn, self.path, stream, wanted))
-
-    def cached(self, stream: str, seq: int) -> StoredMessage | None:
-        cache = self._cache
-        if cache is None or self._state != "open":
-            return None
-        return cache.get(stream, seq)
