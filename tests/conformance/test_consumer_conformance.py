@@ -371,10 +371,25 @@ async def push(s: Session) -> None:
     await s.info("U", "P")
 
 
+async def max_bytes_with_headers(s: Session) -> None:
+    # A pull's max_bytes counts subject, ack reply, headers and payload, whatever the
+    # stream's storage counts for its own bytes.
+    for name, storage in (("MBF", "file"), ("MBM", "memory")):
+        await s.stream(name, subjects=[f"{name}.>"], storage=storage)
+        await s.consumer(name, "C", ack_policy="explicit")
+        for i in range(4):
+            await s.nc.request(f"{name}.a", b"payload %d" % i, headers={"K": "v"}, timeout=2)
+        for max_bytes in (50, 90, 91, 200):
+            await s.pull(name, "C", {"batch": 4, "max_bytes": max_bytes, "expires": 200_000_000})
+        await s.info(name, "C")
+        await s.req(f"{API}.STREAM.INFO.{name}")
+
+
 @pytest.mark.parametrize(
     "scenario",
     [
         pull_and_ack,
+        max_bytes_with_headers,
         statuses,
         heartbeats,
         ack_policies,
