@@ -272,10 +272,21 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
     gate = Gate(cfg)
     started = time.time()
 
-    def engine() -> tuple[Broker, ConsumerRegistry] | Response:
+    def engine(request: Request) -> tuple[Broker, ConsumerRegistry] | Response:
+        """The broker and its consumers, for a view this request may see; else the
+        response that refuses it."""
+        refused = gate.view_refusal(request)
+        if refused is not None:
+            return refused
         if app.broker is None or app.consumers is None:
             return _error(503, "JetStream is off: no streams")
         return app.broker, app.consumers
+
+    def action_refusal(request: Request) -> Response | None:
+        """Why a POST of a dead-letter action is refused, or None."""
+        if request.path_params["action"] not in ACTIONS:
+            return _error(404, "expected …/dead/requeue or …/dead/delete")
+        return gate.check_post(request)
 
     # -- pages ------------------------------------------------------------------------------
     async def root(request: Request) -> Response:
@@ -377,10 +388,7 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
         return _json(body)
 
     async def streams(request: Request) -> Response:
-        refused = gate.view_refusal(request)
-        if refused is not None:
-            return refused
-        found = engine()
+        found = engine(request)
         if isinstance(found, Response):
             return found
         broker, registry = found
@@ -389,10 +397,7 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
         )
 
     async def stream(request: Request) -> Response:
-        refused = gate.view_refusal(request)
-        if refused is not None:
-            return refused
-        found = engine()
+        found = engine(request)
         if isinstance(found, Response):
             return found
         broker, registry = found
@@ -411,10 +416,7 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
     async def messages(request: Request) -> Response:
         """A page of a stream's messages: from ``start`` (default: the newest page),
         those on ``subject`` (wildcards allowed) if given."""
-        refused = gate.view_refusal(request)
-        if refused is not None:
-            return refused
-        found = engine()
+        found = engine(request)
         if isinstance(found, Response):
             return found
         broker, _ = found
@@ -464,10 +466,7 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
         )
 
     async def consumer(request: Request) -> Response:
-        refused = gate.view_refusal(request)
-        if refused is not None:
-            return refused
-        found = engine()
+        found = engine(request)
         if isinstance(found, Response):
             return found
         _, registry = found
@@ -496,9 +495,7 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
     async def dead_action(request: Request) -> Response:
         """Requeue or remove one dead letter (``{"seq": N}``) or all (``{}``), as
         ``$TETHER.API.CONSUMER.DEAD.REQUEUE|DELETE`` does."""
-        if request.path_params["action"] not in ACTIONS:
-            return _error(404, "expected …/dead/requeue or …/dead/delete")
-        refused = gate.check_post(request)
+        refused = action_refusal(request)
         if refused is not None:
             return refused
         dead = app.dead_letters
@@ -560,9 +557,7 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
         """Requeue or delete one dead job (``{"job": "<id>"}``) or all (``{}``): the
         job views' calls behind ``…/requeue-dead-job``, ``DELETE …/job/{id}`` and
         ``…/dlq``, answered once stored."""
-        if request.path_params["action"] not in ACTIONS:
-            return _error(404, "expected …/dead/requeue or …/dead/delete")
-        refused = gate.check_post(request)
+        refused = action_refusal(request)
         if refused is not None:
             return refused
         service = app.webhooks
