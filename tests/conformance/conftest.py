@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tether.testing import NatsServerProcess, find_nats_server
+# The modules here import conformance_support (pytest's importlib mode does not put
+# this directory on the path).
+sys.path.insert(0, str(Path(__file__).parent))
+from conformance_support import Peers
+
+from tether.testing import NatsServerProcess, find_nats_server, run_server
 
 
 @pytest.fixture(scope="module")
@@ -20,3 +27,10 @@ def nats_peer_url() -> Iterator[str]:
         yield peer.url
     finally:
         peer.stop()
+
+
+@pytest.fixture(scope="module")
+def peers(nats_peer_url: str) -> Iterator[Peers]:
+    """Tether (its default store) and nats-server, one pair per test module."""
+    with run_server() as tether:
+        yield Peers(tether.url, nats_peer_url)

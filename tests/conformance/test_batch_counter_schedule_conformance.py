@@ -14,32 +14,17 @@ import asyncio
 import base64
 import datetime as dt
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import nats
 import pytest
+from conformance_support import Peers
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
-
-from tether.testing import run_server
 
 pytestmark = pytest.mark.peer
 
 _VOLATILE = {"ts", "created", "first_ts", "last_ts", "time", "cluster", "server_id"}
-
-
-@dataclass
-class Peers:
-    tether: str
-    nats: str
-
-
-@pytest.fixture(scope="module")
-def peers(nats_peer_url: str) -> Iterator[Peers]:
-    with run_server() as tether:
-        yield Peers(tether.url, nats_peer_url)
 
 
 def normalize(value: Any) -> Any:

@@ -7,32 +7,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
 import pytest
+from conformance_support import Peers
 from nats.aio.client import Client
-
-from tether.testing import run_server
 
 pytestmark = pytest.mark.peer
 
 # Times and the cluster block nats-server adds.
 _VOLATILE = {"ts", "created", "first_ts", "last_ts", "time", "cluster"}
-
-
-@dataclass
-class Peers:
-    tether: str
-    nats: str
-
-
-@pytest.fixture(scope="module")
-def peers(nats_peer_url: str) -> Iterator[Peers]:
-    with run_server() as tether:
-        yield Peers(tether.url, nats_peer_url)
 
 
 @pytest.fixture

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import nats
 import pytest
+from conformance_support import Peers
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-
-from tether.testing import run_server
 
 pytestmark = pytest.mark.peer
 
@@ -29,18 +27,6 @@ NS = 1_000_000_000
 
 # Fields whose values differ by nature (time, identity) or by server version.
 _VOLATILE = {"ts", "created", "first_ts", "last_ts", "time", "cluster", "server_id"}
-
-
-@dataclass
-class Peers:
-    tether: str
-    nats: str
-
-
-@pytest.fixture(scope="module")
-def peers(nats_peer_url: str) -> Iterator[Peers]:
-    with run_server() as tether:
-        yield Peers(tether.url, nats_peer_url)
 
 
 # -- steps ------------------------------------------------------------------------------
