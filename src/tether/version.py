@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
-# nats-py picks the modern consumer-create API only for servers >= 2.9, and other
-# clients gate features on 2.10+, so we report a 2.x version clients fully support.
-NATS_COMPAT_VERSION = "2.11.0"
+# Clients gate features on this version (nats-py's consumer-create API on >= 2.9, nats.js's
+# consumer reset on >= 2.14): Tether reports the release whose JetStream features it
+# serves, at the API level of that release (``API_LEVEL`` in tether.server.nats.requests).
+NATS_COMPAT_VERSION = "2.14.0"

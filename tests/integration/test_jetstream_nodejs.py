@@ -801,22 +801,12 @@ def test_consumer_reset_by_request_same_as_nats_server(results: Results) -> None
     assert {k: tether.get(k) for k in keys} == {k: peer.get(k) for k in keys}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nats.js refuses jsm.consumers.reset ('consumer reset requires server 2.14.0') "
-    "below version 2.14.0, and Tether reports 2.11.0",
-)
 def test_consumer_reset_through_natsjs_same_as_nats_server(results: Results) -> None:
     keys = ["reset", "next"]
     tether, peer = results["tether"]["reset"], results["nats-server"]["reset"]
     assert {k: tether.get(k) for k in keys} == {k: peer.get(k) for k in keys}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Tether's JetStream API level is 1: nats.js with sendRequiredApiLevel gets "
-    "10185 for counter, atomic and schedule streams (level 2) and allow_batched (level 4)",
-)
 def test_required_api_level_same_as_nats_server(results: Results) -> None:
     assert results["tether"]["required_api_level"] == results["nats-server"]["required_api_level"]
 
@@ -841,7 +831,6 @@ def test_what_the_servers_report(results: Results) -> None:
     assert _version(tether["version"]) >= (2, 11, 0) and tether["api_level"] >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="Tether reports version 2.11.0 and API level 1")
 def test_tether_reports_2_14(results: Results) -> None:
     tether = results["tether"]["server"]
     assert _version(tether["version"]) >= (2, 14, 0) and tether["api_level"] == 4

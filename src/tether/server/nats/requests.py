@@ -39,7 +39,7 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 # The JetStream API level (ADR-44) whose features Tether implements: reported as
 # ``api.level`` in account info, and what ``Nats-Required-Api-Level`` is checked against.
-API_LEVEL = 1
+API_LEVEL = 4  # nats-server 2.14's
 _REQUIRED_LEVEL = b"\r\nNats-Required-Api-Level:"
 _GO_ATOI = re.compile(rb"[+-]?[0-9]+")
 
