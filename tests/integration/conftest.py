@@ -6,7 +6,9 @@ streams, so that a module-scoped server serves each test as if it were new."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import nats
 import pytest
@@ -15,6 +17,10 @@ from nats.js import JetStreamContext
 from nats.js.manager import JetStreamManager
 
 from tether.testing import RunningServer
+
+# Support modules here (dashboard_support, nodejs_support) are imported by name:
+# pytest's importlib mode does not put this directory on the path.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import nats
-from nats.js import api
+from dashboard_support import dead_letter
 
 from tether.testing import run_server
 
@@ -55,13 +55,7 @@ async def test_client_auth_without_admin_password_keeps_the_dashboard_read_only(
     with run_server(store="memory", args=["--config", conf]) as srv:
         nc = await nats.connect(srv.url, token="s3cret")
         try:
-            js = nc.jetstream()
-            await js.add_stream(name="SECRET", subjects=["secret.>"])
-            await js.publish("secret.a", b"do not show")
-            sub = await js.pull_subscribe(
-                "secret.a", durable="c", stream="SECRET", config=api.ConsumerConfig(max_deliver=1)
-            )
-            await (await sub.fetch(1, timeout=5))[0].term()
+            await dead_letter(nc.jetstream(), "SECRET", "secret.a", payload=b"do not show")
         finally:
             await nc.close()
         async with httpx.AsyncClient(base_url=srv.http_url) as http:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from dashboard_support import dead_letter
 from nats.js import api
 
 from tether.testing import RunningServer, run_server
@@ -209,14 +210,7 @@ async def _is(locator: Any, expected: str) -> bool:
 async def test_requeue_dead_letter_from_the_page(server: RunningServer, browser: Any) -> None:
     nc = await nats.connect(server.url)
     try:
-        js = nc.jetstream()
-        await js.add_stream(name="DLQ", subjects=["dlq.>"])
-        await js.publish("dlq.job", b"poison")
-        sub = await js.pull_subscribe(
-            "dlq.job", durable="handler", stream="DLQ", config=api.ConsumerConfig(max_deliver=1)
-        )
-        msg = (await sub.fetch(1, timeout=5))[0]
-        await msg.term()  # given up on: a dead letter
+        sub = await dead_letter(nc.jetstream(), "DLQ", "dlq.job", "handler", b"poison")
         page = await _page(browser, server.http_url + "/ui/#/consumer/DLQ/handler")
         row = page.locator('tr[data-dead="1"]')
         await row.wait_for()
@@ -299,12 +293,7 @@ async def test_read_only_mode_refuses_actions(browser: Any) -> None:
         nc = await nats.connect(srv.url)
         try:
             js = nc.jetstream()
-            await js.add_stream(name="RO", subjects=["ro.>"])
-            await js.publish("ro.a", b"x")
-            sub = await js.pull_subscribe(
-                "ro.a", durable="c", stream="RO", config=api.ConsumerConfig(max_deliver=1)
-            )
-            await (await sub.fetch(1, timeout=5))[0].term()
+            await dead_letter(js, "RO", "ro.a")
             page = await _page(browser, srv.http_url + "/ui/#/consumer/RO/c")
             row = page.locator('tr[data-dead="1"]')
             await row.wait_for()
@@ -331,13 +320,7 @@ async def test_actions_need_credentials_and_csrf(browser: Any) -> None:
     with run_server(args=["--config", str(_config('http_admin_password = "s3cret"'))]) as srv:
         nc = await nats.connect(srv.url)
         try:
-            js = nc.jetstream()
-            await js.add_stream(name="AUTH", subjects=["auth.>"])
-            await js.publish("auth.a", b"x")
-            sub = await js.pull_subscribe(
-                "auth.a", durable="c", stream="AUTH", config=api.ConsumerConfig(max_deliver=1)
-            )
-            await (await sub.fetch(1, timeout=5))[0].term()
+            sub = await dead_letter(nc.jetstream(), "AUTH", "auth.a")
             url = srv.http_url + "/ui/api/streams/AUTH/consumers/c/dead/requeue"
             async with httpx.AsyncClient() as http:
                 token = (await http.get(srv.http_url + "/ui/api/session")).json()["csrf"]
