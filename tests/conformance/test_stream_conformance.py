@@ -653,6 +653,7 @@ SCENARIOS = [
                     pub(f"{name}.b", b""),
                     pub(f"{name}.b", b"", K="v", Other="value"),
                     pub(f"{name}.c", b"x" * 1000, K="v"),
+                    pub(f"{name}.\u00e9t\u00e9", b"a subject counts its UTF-8 bytes"),
                     info(name, {"subjects_filter": ">"}),
                     msg_delete(name, {"seq": 2}),
                     info(name),

@@ -238,7 +238,7 @@ async def test_load_index_order_and_fields(store: Store) -> None:
     index = await store.load_index("s")
     assert index == [
         MessageMeta(1, "a", len("a") + 12 + 5 + 16, TS + 1, 0),
-        MessageMeta(2, "bb.\u00e9", len("bb.\u00e9") + 2000 + 16, TS + 2, 9),
+        MessageMeta(2, "bb.\u00e9", len("bb.\u00e9".encode()) + 2000 + 16, TS + 2, 9),
         MessageMeta(3, "c", (await store.read("s", 3)).size, TS + 3, 0),  # type: ignore[union-attr]
     ]
     assert await store.load_index("missing") == []

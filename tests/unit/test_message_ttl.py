@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from headers_support import hdrs
 
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
@@ -36,6 +35,11 @@ def body(**config: Any) -> bytes:
     return json.dumps(config).encode()
 
 
+def hdrs(**headers: str) -> bytes:
+    lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    return f"NATS/1.0\r\n{lines}\r\n".encode()
+
+
 class Publisher:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -51,6 +55,11 @@ class Publisher:
         await self.broker.store.flush()
         out, self.results = self.results, []
         return out
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture

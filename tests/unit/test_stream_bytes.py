@@ -15,7 +15,7 @@ import pytest
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
 from tether.engine.errors import ApiError
-from tether.storage import FILE_SIZING, MEMORY_SIZING, sizing
+from tether.storage import FILE_SIZING, MEMORY_SIZING, sizing, subject_size
 from tether.storage.base import Store, StoredMessage
 from tether.storage.memory import MemoryStore
 from tether.storage.sqlite import SqliteStore
@@ -28,9 +28,8 @@ def body(**config: Any) -> bytes:
 
 
 def expected(storage: str, subject: str, payload: bytes, headers: bytes = b"") -> int:
-    if storage == "memory":
-        return len(subject) + len(headers) + len(payload) + 16
-    return len(subject) + len(headers) + len(payload) + (34 if headers else 30)
+    size = len(subject.encode()) + len(headers) + len(payload)
+    return size + (16 if storage == "memory" else 34 if headers else 30)
 
 
 def test_the_formulas_are_nats_servers() -> None:
@@ -46,6 +45,10 @@ def test_the_formulas_are_nats_servers() -> None:
     assert MEMORY_SIZING.overhead(HEADERS) == 16
     msg = StoredMessage(1, "b.a", HEADERS, b"hello", 0)
     assert msg.size == expected("memory", "b.a", b"hello", HEADERS)
+    # A subject counts its UTF-8 bytes, as sent.
+    assert subject_size("b.a") == 3
+    assert subject_size("b.\u00e9t\u00e9") == 7
+    assert StoredMessage(1, "\u00e9", b"", b"", 0).size == 2 + 16
 
 
 @pytest.fixture(params=["memory-store", "sqlite-store"])
@@ -79,7 +82,7 @@ async def test_bytes_follow_the_configured_storage_and_survive_a_reload(
     assert acks == [PubAck("S", 1), PubAck("S", 2)]
     # Runs of publishes (one subject, and one subject each) index in one go.
     broker.publish_many(stream, "b.run", [b"x", b"yy"], ["", ""], None)
-    broker.publish_mixed(stream, ["b.m1", "b.m22"], [b"", b"zzz"], ["", ""], None)
+    broker.publish_mixed(stream, ["b.m1", "b.\u00e9"], [b"", b"zzz"], ["", ""], None)
     await store.flush()
     sizes = [
         expected(storage, "b.a", b"hello"),
@@ -87,13 +90,13 @@ async def test_bytes_follow_the_configured_storage_and_survive_a_reload(
         expected(storage, "b.run", b"x"),
         expected(storage, "b.run", b"yy"),
         expected(storage, "b.m1", b""),
-        expected(storage, "b.m22", b"zzz"),
+        expected(storage, "b.\u00e9", b"zzz"),
     ]
     assert stream.state.bytes == sum(sizes)
     metas = [stream.meta(seq) for seq in range(1, 7)]
     assert [m.size for m in metas if m] == sizes
     # What a delivery carries: subject + headers + payload, whatever the storage.
-    assert [m.size - m.overhead for m in metas if m] == [8, 26, 6, 7, 4, 8]
+    assert [m.size - m.overhead for m in metas if m] == [8, 26, 6, 7, 4, 7]
     usage = broker.account_usage()
     assert usage["storage" if storage == "file" else "memory"] == sum(sizes)
     await broker.delete_message("S", 2)

@@ -56,6 +56,7 @@ from tether.storage.base import (
     Store,
     StoredMessage,
     StreamRecord,
+    subject_size,
 )
 
 log = logging.getLogger("tether.broker")
@@ -522,7 +523,7 @@ class Broker:
         limit = cfg.max_msg_size
         discard_new = cfg.discard == "new"
         plain = stream.sizing.plain
-        overhead = len(subject) + plain
+        overhead = subject_size(subject) + plain
         if limit < 0 and not discard_new and not stream.evicts:
             # Nothing can refuse or evict any of them: index the run in one go.
             sizes = [overhead + len(payload) for payload in payloads]
@@ -598,7 +599,7 @@ class Broker:
             subjects = [_stored_subject(cfg, subject) for subject in subjects]
         now = self.clock.now()
         plain = stream.sizing.plain
-        sizes = [len(s) + plain + len(p) for s, p in zip(subjects, payloads, strict=True)]
+        sizes = [subject_size(s) + plain + len(p) for s, p in zip(subjects, payloads, strict=True)]
         first = stream.append_mixed(subjects, sizes, now)
         store_append = self.store.append
         name = stream.name
@@ -641,7 +642,7 @@ class Broker:
         store_append = self.store.append
         append = stream.append
         sizing = stream.sizing
-        overhead = len(subject)
+        overhead = subject_size(subject)
         # Per distinct header block: (stored block, TTL, msg id field, refusal).
         known: dict[bytes, tuple[bytes, int, bytes, errors.ApiError | None] | None] = {}
         # The accepted messages not yet booked into the commit: first..seq.
@@ -969,7 +970,7 @@ class Broker:
                     target = _with_extras(target, val=str(total))
             stream.check_size(len(hdrs), len(payload))
             extra = stream.sizing.overhead(hdrs)
-            size = len(subject) + len(hdrs) + len(payload) + extra
+            size = subject_size(subject) + len(hdrs) + len(payload) + extra
             stream.check_limits_for_new(subject, size, bool(rollup))
         except errors.ApiError as exc:
             if target is not None:
@@ -1139,7 +1140,7 @@ class Broker:
                     raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
                 priority = parsed
             stream.check_size(len(headers), len(payload))
-            total_size += len(m.subject) + len(headers) + len(payload)
+            total_size += subject_size(m.subject) + len(headers) + len(payload)
             total_size += stream.sizing.overhead(headers)
             written.add(m.subject)
             prepared.append((m.subject, headers, payload, msg_id, priority, rollup))
@@ -1159,7 +1160,7 @@ class Broker:
             seq = stream.last_seq + 1
             msg = StoredMessage(seq, subject, hdrs, payload, now, priority)
             extra = stream.sizing.overhead(hdrs)
-            size = len(subject) + len(hdrs) + len(payload) + extra
+            size = subject_size(subject) + len(hdrs) + len(payload) + extra
             meta = MessageMeta(seq, subject, size, now, priority, extra)
             removed += stream.append(meta, msg_id)
             fut = self.store.append(name, msg)
@@ -1205,7 +1206,7 @@ class Broker:
         subjects = [m.subject for m in msgs]
         extras = [stream.sizing.overhead(m.headers) for m in msgs]
         sizes = [
-            len(m.subject) + len(m.headers) + len(m.payload) + extra
+            subject_size(m.subject) + len(m.headers) + len(m.payload) + extra
             for m, extra in zip(msgs, extras, strict=True)
         ]
         first = stream.append_mixed(subjects, sizes, now, extras)
@@ -1363,7 +1364,7 @@ class Broker:
             on_durable(errors.ApiError(400, 10071, "wrong last sequence"))
             return
         extra = stream.sizing.overhead(msg.headers)
-        size = len(msg.subject) + len(msg.headers) + len(msg.data) + extra
+        size = subject_size(msg.subject) + len(msg.headers) + len(msg.data) + extra
         meta = MessageMeta(msg.seq, msg.subject, size, msg.ts, msg.priority, extra)
         removed = stream.append(meta, "")
         if stream.config.allow_msg_ttl and MSG_TTL in msg.headers:

@@ -26,6 +26,7 @@ from tether.storage.base import (
     StoredMessage,
     StreamRecord,
     sizing,
+    subject_size,
 )
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "StreamRecord",
     "open_store",
     "sizing",
+    "subject_size",
 ]
 
 _VALID_FORMS = "'memory', 'sqlite:DIR', 'sqlite://DIR' or 'postgresql://USER:PASS@HOST/DB'"

@@ -66,7 +66,13 @@ class StoredMessage(msgspec.Struct, frozen=True, gc=False):
     @property
     def size(self) -> int:
         # nats-server's memory-storage accounting: subject + headers + payload + 16.
-        return len(self.subject) + len(self.headers) + len(self.data) + MEMORY_SIZING.plain
+        return subject_size(self.subject) + len(self.headers) + len(self.data) + MEMORY_SIZING.plain
+
+
+def subject_size(subject: str) -> int:
+    """The bytes of ``subject`` as sent (UTF-8), which nats-server counts."""
+    # isascii() reads a flag of the string: nearly every subject costs no encoding.
+    return len(subject) if subject.isascii() else len(subject.encode())
 
 
 class Sizing(NamedTuple):

@@ -23,6 +23,7 @@ from tether.storage.base import (
     StorageError,
     StoredMessage,
     StreamRecord,
+    subject_size,
 )
 from tether.storage.group_commit import (
     APPEND,
@@ -147,7 +148,7 @@ class MemoryStore(BatchingStore):
         for m in (msgs.get(seq) for seq in log.seqs):
             if m is not None:
                 extra = sizing.overhead(m.headers)
-                size = len(m.subject) + len(m.headers) + len(m.data) + extra
+                size = subject_size(m.subject) + len(m.headers) + len(m.data) + extra
                 out.append(MessageMeta(m.seq, m.subject, size, m.ts, m.priority, extra))
         return out
 

@@ -224,7 +224,7 @@ SQL_LOAD_LAST_SEQ = "SELECT last_seq FROM tether_stream_seq WHERE stream = %s"
 # twice, then the stream.
 _OVERHEAD = "CASE WHEN octet_length(headers) > 0 THEN %s ELSE %s END"
 SQL_LOAD_INDEX = (
-    "SELECT seq, subject, char_length(subject) + octet_length(headers) + octet_length(data)"
+    "SELECT seq, subject, octet_length(subject) + octet_length(headers) + octet_length(data)"
     f" + {_OVERHEAD}, ts, priority, {_OVERHEAD} FROM tether_messages WHERE stream = %s"
     " ORDER BY seq"
 )

@@ -206,7 +206,8 @@ SQL_LOAD_LAST_SEQ = "SELECT last_seq FROM stream_seq WHERE stream = ?"
 # ?2 and ?3: the stream's overhead per message without and with headers (Sizing).
 _OVERHEAD = "CASE WHEN length(headers) > 0 THEN ?3 ELSE ?2 END"
 SQL_LOAD_INDEX = (
-    f"SELECT seq, subject, length(subject) + length(headers) + length(data) + {_OVERHEAD},"
+    "SELECT seq, subject, length(CAST(subject AS BLOB)) + length(headers) + length(data)"
+    f" + {_OVERHEAD},"
     f" ts, priority, {_OVERHEAD} FROM messages WHERE stream = ?1 ORDER BY seq"
 )
 # Every read of messages returns these columns, the checksum last, and verifies it.

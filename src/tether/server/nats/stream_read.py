@@ -36,7 +36,7 @@ import msgspec
 from tether.engine.subjects import is_valid_filter
 from tether.protocol.block import encode_block
 from tether.server.nats.requests import BodyError, Int, decode_as
-from tether.storage.base import MessageColumns, Sizing
+from tether.storage.base import MessageColumns, Sizing, subject_size
 
 if TYPE_CHECKING:
     from tether.engine.broker import Broker
@@ -189,7 +189,8 @@ class StreamReadApi:
         payload = encode_block(seqs, stamps, subjects, headers if with_headers else None, data)
         self.router.publish(None, reply, "", None, payload)
         overheads = sum(map(sizing.overhead, headers))
-        return sum(map(len, subjects)) + sum(map(len, headers)) + sum(map(len, data)) + overheads
+        subject_bytes = sum(map(subject_size, subjects))
+        return subject_bytes + sum(map(len, headers)) + sum(map(len, data)) + overheads
 
 
 def _select(
