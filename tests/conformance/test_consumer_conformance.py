@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import nats
 import pytest
+from conformance_support import Peers
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
@@ -39,14 +39,9 @@ _VOLATILE = {
 }
 
 
-@dataclass
-class Peers:
-    tether: str
-    nats: str
-
-
 @pytest.fixture(scope="module")
 def peers(nats_peer_url: str) -> Iterator[Peers]:
+    """conftest's pair, with a memory store: these scenarios test no durability."""
     with run_server(store="memory") as tether:
         yield Peers(tether.url, nats_peer_url)
 
