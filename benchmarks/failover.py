@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,67 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _postgres  # after the sys.path tweak above
 from _harness import describe, environment, finish, loadavg
 
-from tether.testing import free_port
+from tether.testing import HaNode
 
 TARGET_P99 = 5.0  # seconds
-
-
-class Node:
-    """One ``tether serve`` over the database, on ports chosen up front."""
-
-    def __init__(self, name: str, url: str, workdir: Path, poll: float) -> None:
-        self.name = name
-        self.url = url
-        self.port = free_port()
-        self.http_port = free_port()
-        self.config = workdir / f"{name}.toml"
-        self.poll = poll
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.lines: list[str] = []
-
-    def start(self, peer: Node) -> None:
-        self.config.write_text(
-            f"ha_poll_interval = {self.poll}\n"
-            f'connect_urls = ["127.0.0.1:{self.port}", "127.0.0.1:{peer.port}"]\n'
-        )
-        self.lines = []
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "tether", "serve", "--config", str(self.config),
-                "--port", str(self.port), "--http-port", str(self.http_port),
-                "--nsq-port", "0", "--store", self.url, "--server-name", self.name,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-
-    def _read(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            self.lines.append(line.decode("utf-8", "replace"))
-
-    async def wait_for(self, text: str, within: float) -> None:
-        deadline = time.monotonic() + within
-        while not any(text in line for line in self.lines):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name}: no {text!r} within {within}s")
-            await asyncio.sleep(0.01)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 async def _quiet(exc: Exception) -> None:
@@ -110,13 +49,14 @@ async def measure(opts: dict[str, Any], url: str) -> list[float]:
     from nats.js.api import StreamConfig
 
     workdir = Path(tempfile.mkdtemp(prefix="tether-failover-"))
-    a = Node("a", url, workdir, opts["poll_interval"])
-    b = Node("b", url, workdir, opts["poll_interval"])
+    a = HaNode("a", url, workdir, poll=opts["poll_interval"])
+    b = HaNode("b", url, workdir, poll=opts["poll_interval"])
+    a.peers, b.peers = [b.port], [a.port]
     times: list[float] = []
     try:
-        a.start(b)
+        a.start()
         await a.wait_for("Server is ready", 60)
-        b.start(a)
+        b.start()
         await b.wait_for("Standby: another node is active", 60)
         nc = await nats.connect(
             servers=[f"nats://127.0.0.1:{a.port}", f"nats://127.0.0.1:{b.port}"],
@@ -159,7 +99,7 @@ async def measure(opts: dict[str, Any], url: str) -> list[float]:
             first = next(t for t, port in acks[seen:] if port == standby.port)
             times.append(first - killed)
             print(f"  round {rnd + 1:2}: {first - killed:.3f} s", flush=True)
-            active.start(standby)
+            active.start()
             await active.wait_for("Standby: another node is active", 60)
             active, standby = standby, active
         running = False

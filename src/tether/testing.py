@@ -15,6 +15,9 @@ back to malformed or unusual input::
     await client.send(b"SUB foo 1\r\n")
     await client.sync()  # PING, wait for its PONG
     assert client.take() == b"+OK\r\nPONG\r\n"
+
+:class:`HaNode` runs one node of an active/standby pair over a PostgreSQL store (the
+failover tests and benchmarks/failover.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -219,6 +225,130 @@ def run_server(
         yield server.start()
     finally:
         server.cleanup()
+
+
+class HaNode:
+    """One ``tether serve`` of an active/standby pair over one PostgreSQL database
+    (``store``), on ports chosen up front: a standby opens its client port only once
+    it is active, so :meth:`start` does not wait; :meth:`wait_for` waits for a line of
+    its log. ``peers``: the client ports of the other nodes (``connect_urls``)."""
+
+    def __init__(
+        self,
+        name: str,
+        store: str,
+        workdir: Path,
+        *,
+        poll: float,
+        session_timeout: float | None = None,
+    ) -> None:
+        self.name = name
+        self.store = store
+        self.port = free_port()
+        self.http_port = free_port()
+        self.config = workdir / f"{name}.toml"
+        self.poll = poll
+        self.session_timeout = session_timeout
+        self.peers: list[int] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: list[str] = []
+        self._reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def start(self) -> HaNode:
+        urls = ", ".join(f'"127.0.0.1:{port}"' for port in [self.port, *self.peers])
+        timeout = (
+            "" if self.session_timeout is None else f"ha_session_timeout = {self.session_timeout}\n"
+        )
+        self.config.write_text(
+            f"ha_poll_interval = {self.poll}\n{timeout}connect_urls = [{urls}]\n"
+        )
+        self.lines = []
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "tether", "serve", "--config", str(self.config),
+                "--port", str(self.port), "--http-port", str(self.http_port),
+                "--nsq-port", "0", "--store", self.store, "--server-name", self.name,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.lines.append(line.decode("utf-8", "replace"))
+
+    async def wait_for(self, text: str, within: float) -> float:
+        """Seconds until ``text`` shows in the log; TimeoutError (with the log) past
+        ``within``."""
+        start = time.monotonic()
+        while text not in self.log:
+            if time.monotonic() - start > within:
+                raise TimeoutError(f"{self.name}: no {text!r} within {within}s:\n{self.log}")
+            await asyncio.sleep(0.01)
+        return time.monotonic() - start
+
+    def http(self, path: str) -> tuple[int, Any]:
+        """GET ``path`` from the monitoring port: the status and the JSON answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}") as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def exit_code(self, within: float) -> int | None:
+        """The exit status once the process ends, or None if it still runs past ``within``."""
+        assert self.proc is not None
+        deadline = time.monotonic() + within
+        while self.proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - polling a process
+            await asyncio.sleep(0.05)
+        return self.proc.poll()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (SIGKILL past ``timeout``); a paused (SIGSTOP) node is resumed first."""
+        self._end(graceful=True, timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: the crash a failover test needs."""
+        self._end(graceful=False, timeout=0)
+
+    def _end(self, *, graceful: bool, timeout: float) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            if graceful:
+                proc.terminate()
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            else:
+                proc.kill()
+        proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+            self._reader = None
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 def find_nats_server() -> str | None:

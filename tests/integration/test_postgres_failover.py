@@ -17,15 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -35,7 +28,7 @@ import pytest
 from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from tether.testing import PostgresServer, free_port
+from tether.testing import HaNode, PostgresServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -48,114 +41,27 @@ TAKEOVER_BOUND = POLL + 4.0
 _databases = itertools.count(1)
 
 
-class Node:
-    """One ``tether serve`` over the test's database, on ports chosen up front (a
-    standby opens its client port only once it is active)."""
-
-    def __init__(self, name: str, store: str, tmp: Path, peers: list[int]) -> None:
-        self.name = name
-        self.port = free_port()
-        self.http_port = free_port()
-        self.config = tmp / f"{name}.toml"
-        self.store = store
-        self.peers = peers
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.lines: list[str] = []
-        self._reader: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> Node:
-        urls = ", ".join(f'"127.0.0.1:{port}"' for port in [self.port, *self.peers])
-        self.config.write_text(
-            f"ha_poll_interval = {POLL}\nha_session_timeout = {SESSION_TIMEOUT}\n"
-            f"connect_urls = [{urls}]\n"
-        )
-        self.lines = []
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "tether", "serve", "--config", str(self.config),
-                "--port", str(self.port), "--http-port", str(self.http_port),
-                "--nsq-port", "0", "--store", self.store, "--server-name", self.name,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        return self
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line.decode("utf-8", "replace"))
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    async def wait_for(self, text: str, within: float) -> float:
-        """Seconds until ``text`` shows in the log; fails the test past ``within``."""
-        start = time.monotonic()
-        while text not in self.log:
-            if time.monotonic() - start > within:
-                pytest.fail(f"{self.name}: no {text!r} within {within}s:\n{self.log}")
-            await asyncio.sleep(0.02)
-        return time.monotonic() - start
-
-    def http(self, path: str) -> tuple[int, dict[str, str]]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}") as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    async def exit_code(self, within: float) -> int | None:
-        assert self.proc is not None
-        deadline = time.monotonic() + within
-        while self.proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - polling a process
-            await asyncio.sleep(0.05)
-        return self.proc.poll()
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-
-
 @pytest.fixture
 def database(postgres_server: PostgresServer) -> str:
     return postgres_server.create_database(f"failover_{next(_databases)}")
 
 
+def _node(name: str, database: str, tmp_path: Path) -> HaNode:
+    return HaNode(name, database, tmp_path, poll=POLL, session_timeout=SESSION_TIMEOUT)
+
+
 @pytest.fixture
-def pair(database: str, tmp_path: Path) -> Iterator[tuple[Node, Node]]:
-    a = Node("a", database, tmp_path, [])
-    b = Node("b", database, tmp_path, [])
+def pair(database: str, tmp_path: Path) -> Iterator[tuple[HaNode, HaNode]]:
+    a, b = _node("a", database, tmp_path), _node("b", database, tmp_path)
     a.peers, b.peers = [b.port], [a.port]
     try:
         yield a, b
     finally:
-        a.stop()
-        b.stop()
+        a.kill()
+        b.kill()
 
 
-async def _start_pair(a: Node, b: Node) -> None:
+async def _start_pair(a: HaNode, b: HaNode) -> None:
     a.start()
     await a.wait_for("Server is ready", 30)
     b.start()
@@ -192,7 +98,7 @@ async def _publish_until_acked(js: object, i: int, errors: list[str]) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_kill_9_of_the_active_node_under_load(pair: tuple[Node, Node]) -> None:
+async def test_kill_9_of_the_active_node_under_load(pair: tuple[HaNode, HaNode]) -> None:
     a, b = pair
     await _start_pair(a, b)
     assert a.http("/readyz") == (200, {"status": "ok", "role": "active"})
@@ -276,7 +182,7 @@ async def test_kill_9_of_the_active_node_under_load(pair: tuple[Node, Node]) -> 
 
 
 async def test_a_paused_active_node_is_fenced_off_when_it_resumes(
-    pair: tuple[Node, Node],
+    pair: tuple[HaNode, HaNode],
 ) -> None:
     a, b = pair
     await _start_pair(a, b)
@@ -313,7 +219,7 @@ async def test_a_paused_active_node_is_fenced_off_when_it_resumes(
 async def test_postgresql_restarted_under_load(
     database: str, postgres_server: PostgresServer, tmp_path: Path
 ) -> None:
-    node = Node("solo", database, tmp_path, [])
+    node = _node("solo", database, tmp_path)
     try:
         node.start()
         await node.wait_for("Server is ready", 30)
@@ -352,10 +258,10 @@ async def test_postgresql_restarted_under_load(
         assert errors and "refused by the store" in node.log
         assert "Traceback" not in node.log
     finally:
-        node.stop()
+        node.kill()
 
 
-async def test_tether_client_follows_the_takeover(pair: tuple[Node, Node]) -> None:
+async def test_tether_client_follows_the_takeover(pair: tuple[HaNode, HaNode]) -> None:
     """Tether's own client, given both URLs, publishes on through a kill -9."""
     from tether.client import connect
 
