@@ -186,7 +186,7 @@ def routes(app: Monitored) -> list[Route]:
             "start": _rfc3339(started),
             "now": _rfc3339(time.time()),
             "uptime": _duration(time.time() - started),
-            "mem": _rss_bytes(),
+            "mem": rss_bytes(),
             "cores": os.cpu_count() or 1,
             "gomaxprocs": 1,  # one event loop
             "cpu": _cpu_percent(started),
@@ -574,7 +574,8 @@ def _stream_detail(app: Monitored, stream: Any, config: bool, consumers: bool) -
     return detail
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
+    """The process's resident memory (``/varz`` ``mem``, and ``/metrics``), 0 if unknown."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -30,6 +30,7 @@ from tether.engine.consumers import ConsumerRegistry
 from tether.engine.jobs import WebhookService
 from tether.server.config import ServerConfig
 from tether.server.http.metrics import CONTENT_TYPE, JobsCollector
+from tether.server.http.monitor import rss_bytes
 from tether.server.nats.server import NatsServer
 from tether.storage import Store
 from tether.storage.stats import Histogram, StoreStats
@@ -136,7 +137,7 @@ def _server(app: Observed, out: list[str]) -> None:
         out.extend(family.lines)
     out.append("# HELP tether_process_resident_memory_bytes Resident memory of the process")
     out.append("# TYPE tether_process_resident_memory_bytes gauge")
-    out.append(f"tether_process_resident_memory_bytes {_rss_bytes()}")
+    out.append(f"tether_process_resident_memory_bytes {rss_bytes()}")
     times = os.times()
     out.append("# HELP tether_process_cpu_seconds_total CPU time of the process")
     out.append("# TYPE tether_process_cpu_seconds_total counter")
@@ -254,14 +255,6 @@ def _store(store: Store, out: list[str]) -> None:
         out.append("# HELP tether_store_disk_bytes Bytes of the store's files on disk")
         out.append("# TYPE tether_store_disk_bytes gauge")
         out.append(f"tether_store_disk_bytes {disk_of()}")
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def routes(app: Observed) -> list[Route]:
