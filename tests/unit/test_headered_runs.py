@@ -290,6 +290,10 @@ wire_frames = st.one_of(
             b"HPUB cap.x 30 20\r\n",  # a header larger than the message
             b"HPUB  cap.x 12 13\r\nNATS/1.0\r\n\r\nh\r\n",
             b"HPUB cap.x 12 13\r\nNATS/1.0\r\n\r\nhX\r\n",  # no CRLF after the payload
+            b"HPUB cap.x r.1 12 13\r\nNATS/1.0\r\n\r\nh\r\n",
+            b"HPUB cap.x r.2 12 13\r\nNATS/1.0\r\n\r\nhX\r\n",  # the same, broken
+            b"HPUB cap.x r.1  r.2 12 13\r\nNATS/1.0\r\n\r\nh\r\n",  # two replies
+            b"HPUB cap.x r.3\t12 13\r\nNATS/1.0\r\n\r\nh\r\n",
         ]
     ),
 )

@@ -750,8 +750,11 @@ class Broker:
         """Index and store messages with headers (``blocks``) and TTLs (0: none) to
         ``subject`` in one go, in a stream that does not :attr:`~Stream.evicts`; returns
         the first sequence. Booking them into the commit is the caller's."""
-        extras = [stream.sizing.overhead(block) for block in blocks]
-        first = stream.append_mixed([subject] * len(sizes), sizes, now, extras)
+        if all(blocks):  # the usual run: every message with a header block
+            first = stream.append_run(subject, sizes, now, stream.sizing.headers)
+        else:
+            extras = [stream.sizing.overhead(block) for block in blocks]
+            first = stream.append_mixed([subject] * len(sizes), sizes, now, extras)
         name = stream.name
         store_append = self.store.append
         seq = first

@@ -388,15 +388,19 @@ class Stream:
         cfg = self.config
         return cfg.max_msgs > 0 or cfg.max_bytes > 0 or cfg.max_msgs_per_subject > 0
 
-    def append_run(self, subject: str, sizes: list[int], ts: int) -> int:
+    def append_run(
+        self, subject: str, sizes: list[int], ts: int, overhead: int | None = None
+    ) -> int:
         """:meth:`append` without a msg id for messages of ``sizes`` bytes to ``subject``,
         in one go; returns the first sequence. Only for a stream that does not
-        :attr:`evicts` (nothing to enforce between two appends)."""
+        :attr:`evicts` (nothing to enforce between two appends). ``overhead``: the
+        bytes of each size beyond subject, headers and payload (by default that of a
+        message without headers)."""
         st = self.state
         first = st.last_seq + 1
         end = first + len(sizes)
         msgs = self._msgs
-        plain = self.sizing.plain
+        plain = self.sizing.plain if overhead is None else overhead
         seq = first
         for size in sizes:
             msgs[seq] = MessageMeta(seq, subject, size, ts, 0, plain)
