@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nats.aio.subscription import Subscription
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_consumer_conformance import API, Peers, Session, observe, peers, run
@@ -356,6 +357,30 @@ async def config_fields(s: Session) -> None:
     await metrics.unsubscribe()
 
 
+async def pulls(s: Session, consumer: str, *requests: tuple[str, dict[str, Any]]) -> None:
+    """Pull requests to ``consumer`` (``STREAM.NAME``), each ``(reply inbox, body)``, in
+    order, a moment apart."""
+    for inbox, body in requests:
+        await s.nc.publish(
+            f"{API}.CONSUMER.MSG.NEXT.{consumer}", json.dumps(body).encode(), reply=inbox
+        )
+        await asyncio.sleep(0.05)
+
+
+async def until_status(sub: Subscription) -> list[Any]:
+    """What ``sub`` receives, observed, up to its first status (or 1.5 s of quiet)."""
+    got = []
+    while True:
+        try:
+            msg = await sub.next_msg(timeout=1.5)
+        except Exception:
+            break
+        got.append(observe(msg))
+        if got[-1][0] == "status":
+            break
+    return got
+
+
 async def stalls(s: Session) -> None:
     await s.stream("M", subjects=["m.>"])
     await s.consumer("M", "C", ack_policy="explicit", max_ack_pending=2)
@@ -376,24 +401,13 @@ async def stalls(s: Session) -> None:
     one_shot, other = s.nc.new_inbox(), s.nc.new_inbox()
     sub = await s.nc.subscribe(one_shot)
     other_sub = await s.nc.subscribe(other)
-    for inbox, body in (
+    await pulls(
+        s,
+        "M.OTHER",
         (one_shot, {"batch": 5, "no_wait": True, "expires": 2_000_000_000}),
         (other, {"batch": 1, "expires": 300_000_000}),
-    ):
-        await s.nc.publish(
-            f"{API}.CONSUMER.MSG.NEXT.M.OTHER", json.dumps(body).encode(), reply=inbox
-        )
-        await asyncio.sleep(0.05)
-    got = []
-    while True:
-        try:
-            msg = await sub.next_msg(timeout=1.5)
-        except Exception:
-            break
-        got.append(observe(msg))
-        if got[-1][0] == "status":
-            break
-    s.log.append(got)
+    )
+    s.log.append(await until_status(sub))
     s.log.append(observe(await other_sub.next_msg(timeout=1)))
     await sub.unsubscribe()
     await other_sub.unsubscribe()
@@ -401,24 +415,13 @@ async def stalls(s: Session) -> None:
     await s.consumer("M", "GONE", ack_policy="explicit", max_ack_pending=1)
     one_shot = s.nc.new_inbox()
     sub = await s.nc.subscribe(one_shot)
-    for inbox, body in (
+    await pulls(
+        s,
+        "M.GONE",
         (one_shot, {"batch": 5, "no_wait": True, "expires": 1_000_000_000}),
         (s.nc.new_inbox(), {"batch": 1, "expires": 300_000_000}),
-    ):
-        await s.nc.publish(
-            f"{API}.CONSUMER.MSG.NEXT.M.GONE", json.dumps(body).encode(), reply=inbox
-        )
-        await asyncio.sleep(0.05)
-    got = []
-    while True:
-        try:
-            msg = await sub.next_msg(timeout=1.5)
-        except Exception:
-            break
-        got.append(observe(msg))
-        if got[-1][0] == "status":
-            break
-    s.log.append(got)
+    )
+    s.log.append(await until_status(sub))
     await sub.unsubscribe()
     # A paused consumer: a one-shot without expires ends at once.
     await s.consumer("M", "PAUSED", ack_policy="explicit", pause_until="2099-01-01T00:00:00Z")
