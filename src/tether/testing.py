@@ -55,6 +55,31 @@ class ServerStartError(RuntimeError):
     """The server exited or did not report ready in time; carries its stderr."""
 
 
+def _end_process(
+    proc: subprocess.Popen[bytes],
+    reader: threading.Thread | None,
+    *,
+    graceful: bool,
+    timeout: float = 10.0,
+) -> None:
+    """End ``proc``: SIGTERM, then SIGKILL past ``timeout`` (SIGKILL at once unless
+    ``graceful``); then the thread reading its stderr, and the pipe."""
+    if proc.poll() is None:
+        if graceful:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        else:
+            proc.kill()
+    proc.wait()
+    if reader is not None:
+        reader.join(timeout=5)
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
 class RunningServer:
     """A ``tether serve`` subprocess. ``port``/``http_port`` are known once started."""
 
@@ -162,33 +187,19 @@ class RunningServer:
         """SIGTERM and wait; returns the exit code."""
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._join()
+        _end_process(self.proc, self._reader, graceful=True, timeout=timeout)
+        self._reader = None
         return self.proc.returncode
 
     def kill(self) -> None:
         """SIGKILL: the crash a durability test needs."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._join()
+        if self.proc is not None:
+            _end_process(self.proc, self._reader, graceful=False)
+        self._reader = None
 
     def restart(self) -> RunningServer:
         self.stop()
         return self.start()
-
-    def _join(self) -> None:
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-            self._reader = None
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
 
     def cleanup(self) -> None:
         self.stop()
@@ -330,25 +341,12 @@ class HaNode:
         self._end(graceful=False, timeout=0)
 
     def _end(self, *, graceful: bool, timeout: float) -> None:
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            if graceful:
-                proc.terminate()
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            else:
-                proc.kill()
-        proc.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-            self._reader = None
-        if proc.stderr is not None:
-            proc.stderr.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+        _end_process(self.proc, self._reader, graceful=graceful, timeout=timeout)
+        self._reader = None
 
 
 def find_nats_server() -> str | None:
