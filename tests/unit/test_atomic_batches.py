@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from headers_support import hdrs
 
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
@@ -39,19 +40,9 @@ class RecordingStore(MemoryStore):
         super()._hand_off(batch)
 
 
-def hdrs(**headers: str) -> bytes:
-    lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-    return f"NATS/1.0\r\n{lines}\r\n".encode()
-
-
 def batch_hdrs(batch: str, seq: int, commit: str = "", **more: str) -> bytes:
     extra = {"Nats_Batch_Commit": commit} if commit else {}
     return hdrs(Nats_Batch_Id=batch, Nats_Batch_Sequence=str(seq), **extra, **more)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture

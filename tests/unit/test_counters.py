@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from headers_support import hdrs
 
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
@@ -16,11 +17,6 @@ from tether.engine.errors import ApiError
 from tether.engine.streams import counters
 from tether.storage.base import StorageError
 from tether.storage.memory import MemoryStore
-
-
-def hdrs(**headers: str) -> bytes:
-    lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-    return f"NATS/1.0\r\n{lines}\r\n".encode()
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from headers_support import hdrs
 
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
@@ -35,11 +36,6 @@ BAD_SUBJECT = "s.\udcff"  # the byte 0xFF as the NATS parser decodes it; SQLite 
 
 def body(**config: Any) -> bytes:
     return json.dumps(config).encode()
-
-
-def hdrs(**headers: str) -> bytes:
-    lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-    return f"NATS/1.0\r\n{lines}\r\n".encode()
 
 
 class Sink:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from headers_support import hdrs
 
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
@@ -22,11 +23,6 @@ from tether.storage.memory import MemoryStore
 NS = 1_000_000_000
 # 2023-11-14T22:13:20Z, FakeClock's default start.
 START = 1_700_000_000 * NS
-
-
-def hdrs(**headers: str) -> bytes:
-    lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-    return f"NATS/1.0\r\n{lines}\r\n".encode()
 
 
 def at(ns: int) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from headers_support import hdrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,16 +62,6 @@ class Publisher:
             await self.broker.store.flush()
         out, self.results = self.results, []
         return out
-
-
-def hdrs(**headers: str) -> bytes:
-    lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-    return f"NATS/1.0\r\n{lines}\r\n".encode()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture
