@@ -72,7 +72,9 @@ class StoredMessage(msgspec.Struct, frozen=True, gc=False):
 def subject_size(subject: str) -> int:
     """The bytes of ``subject`` as sent (UTF-8), which nats-server counts."""
     # isascii() reads a flag of the string: nearly every subject costs no encoding.
-    return len(subject) if subject.isascii() else len(subject.encode())
+    # A subject that is not valid UTF-8 reaches here only to be refused by the store;
+    # it is sized, not rejected, here ("surrogatepass" counts what it would take).
+    return len(subject) if subject.isascii() else len(subject.encode("utf-8", "surrogatepass"))
 
 
 class Sizing(NamedTuple):
