@@ -29,9 +29,9 @@ from tether.engine.streams.config import (
     encode_config,
     normalize,
 )
-from tether.engine.streams.sourcing import input_transform
 from tether.engine.streams.expiry import MARKER_REASON, NS, marker_headers, with_ttl
 from tether.engine.streams.republisher import Republisher
+from tether.engine.streams.sourcing import input_transform
 from tether.engine.streams.stream import (
     EXPECTED_LAST_MSG_ID,
     EXPECTED_LAST_SEQ,

@@ -372,8 +372,8 @@ def _check_tls(cfg: ServerConfig, source: Callable[[str], str]) -> None:
         )
     if cfg.nsq_tls_client_auth_policy not in ("", "require-verify"):
         raise ValueError(
-            f"{source('nsq_tls_client_auth_policy')}: expected \"require-verify\" or \"\" "
-            "(nsqd's \"require\", a certificate nobody checks, is not offered)"
+            f'{source("nsq_tls_client_auth_policy")}: expected "require-verify" or "" '
+            '(nsqd\'s "require", a certificate nobody checks, is not offered)'
         )
     if not -1 <= cfg.ws_port <= 65535:
         raise ValueError(f"{source('ws_port')}: not a port: expected {PORT_RANGE}")

@@ -143,9 +143,7 @@ class StreamConfig(msgspec.Struct, kw_only=True):
 
 
 # Settings nats-server has and Tether does not: refused when not at their zero value.
-_UNSUPPORTED = (
-    ("placement", "placement"),
-)
+_UNSUPPORTED = (("placement", "placement"),)
 
 _FIELDS = frozenset(StreamConfig.__struct_fields__) | {"pedantic"}
 _stored_decoder = msgspec.json.Decoder(StreamConfig)
