@@ -207,6 +207,7 @@ class Tether:
             await broker.load()
         self.consumers = ConsumerRegistry(self.broker)
         self.jetstream = JetStreamApi(self.nats.router, self.broker, self.consumers)
+        self.jetstream.server_id = self.nats.server_id
         self.consumer_api = ConsumerApi(self.jetstream, self.consumers, self.nats)
         await self.consumers.load()
         self.jetstream.start()

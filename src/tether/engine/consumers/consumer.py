@@ -51,6 +51,7 @@ from tether.storage.base import MessageMeta
 NS = 1_000_000_000
 # A pause_until at the epoch, which format_rfc3339 would write as Go's zero time (not set).
 EPOCH = "1970-01-01T00:00:00Z"
+ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time, an unset ``pause_until`` in advisories
 
 
 class Consumer(
@@ -564,7 +565,17 @@ class Consumer(
         self.paused_until = max(until_ns or 0, 0)
         self._apply_pause()
         self._changed_state()
+        self._pause_advisory()
         self.pump()
+
+    def _pause_advisory(self) -> None:
+        """nats-server's ``CONSUMER.PAUSE`` advisory: on every pause or resume, and when a
+        pause runs out."""
+        self._advisory(
+            "PAUSE",
+            "consumer_pause",
+            {"paused": self.paused, "pause_until": self.config.pause_until or ZERO_TIME},
+        )
 
     def _apply_pause(self) -> None:
         if self._pause_timer is not None:
@@ -576,6 +587,7 @@ class Consumer(
 
     def _on_unpause(self) -> None:
         self._pause_timer = None
+        self._pause_advisory()
         self.pump()
 
     # -- lifecycle --------------------------------------------------------------------------------------------

@@ -224,9 +224,24 @@ class ConsumerRegistry:
         consumer = self._build(stream, name, config, self.clock.now())
         await self._durable(self._put(consumer))
         log.debug("consumer %s > %s created", stream.name, name)
+        self._action(consumer, "create", "CREATED")
         if activate:
             self.activate(consumer)
         return consumer, True
+
+    def _action(self, consumer: Consumer, action: str, past: str) -> None:
+        """nats-server's ``CONSUMER.CREATED`` / ``DELETED`` advisory (only while listened to)."""
+        subject = f"$JS.EVENT.ADVISORY.CONSUMER.{past}.{consumer.stream.name}.{consumer.name}"
+        if self.sink.has_interest(subject):
+            self.sink.advisory(
+                subject,
+                {
+                    "type": "io.nats.jetstream.advisory.v1.consumer_action",
+                    "stream": consumer.stream.name,
+                    "consumer": consumer.name,
+                    "action": action,
+                },
+            )
 
     def activate(self, consumer: Consumer) -> None:
         """Start a push consumer if its deliver subject has interest."""
@@ -293,6 +308,7 @@ class ConsumerRegistry:
             del consumers[consumer.name]
         stream.consumer_count = len(consumers)
         consumer.close(notify)
+        self._action(consumer, "delete", "DELETED")
         self._dirty.pop(id(consumer), None)
         if stream.config.retention == "interest" and self.broker.streams.get(stream.name) is stream:
             self._sweep.add(stream.name)
@@ -462,6 +478,7 @@ class ConsumerRegistry:
     def on_stream_deleted(self, stream: Stream) -> None:
         for consumer in list(self.streams.pop(stream.name, {}).values()):
             consumer.close()
+            self._action(consumer, "delete", "DELETED")
             self._dirty.pop(id(consumer), None)
         self.heads.pop(stream.name, None)
         self._acked.pop(stream.name, None)

@@ -49,6 +49,9 @@ from tether.storage.base import StorageError, StoredMessage
 log = logging.getLogger("tether.jetstream")
 
 API_PREFIX = "$JS.API."
+# nats-server's lifecycle advisories (sent only while someone subscribes to them).
+ADVISORY_PREFIX = "$JS.EVENT.ADVISORY."
+API_AUDIT = ADVISORY_PREFIX + "API"
 _encode_json = msgspec.json.Encoder().encode
 # How a fast-ingest batch message's reply subject ends (ADR-50).
 FAST_BATCH = ".$FI"
@@ -158,6 +161,8 @@ class JetStreamApi:
         self._tasks: set[asyncio.Task[None]] = set()
         self.api_total = 0
         self.api_errors = 0
+        # The server's id, which API audit advisories name (set by whoever runs the server).
+        self.server_id = ""
         # Mirrors' and sources' state for stream infos (set by whoever runs them).
         self.sourcing: SourcingService | None = None
         self._register_stream_routes()
@@ -441,7 +446,9 @@ class JetStreamApi:
             return  # unknown API subjects get no reply, as on nats-server
         response_type, handler = entry
         self.api_total += 1
-        self._spawn(self._call(handler, response_type, tokens[n:], reply, headers, payload))
+        self._spawn(
+            self._call(handler, response_type, tokens[n:], reply, headers, payload, subject)
+        )
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -456,6 +463,7 @@ class JetStreamApi:
         reply: str,
         headers: bytes | None,
         payload: bytes,
+        subject: str = "",
     ) -> None:
         rtype = f"io.nats.jetstream.api.v1.{response_type}"
         try:
@@ -477,9 +485,46 @@ class JetStreamApi:
             log.exception("JetStream API handler failed")
             self.api_errors += 1
             body = {"error": errors.ApiError(500, 10051, "internal server error").to_dict()}
-        if body is None or not reply:
+        if body is None:
             return
-        self.reply(reply, {"type": rtype, **body})
+        if not self.router.has_interest(API_AUDIT):
+            if reply:
+                self.reply(reply, {"type": rtype, **body})
+            return
+        response = requests.encode_json({"type": rtype, **body})
+        if reply:
+            self.router.publish(None, reply, "", None, response)
+        self._audit(subject, payload, response)
+
+    def _audit(self, subject: str, request: bytes, response: bytes) -> None:
+        """nats-server's ``api_audit`` advisory: one per answered API request.
+
+        The requesting client is not known here (internal subscriptions do not see the
+        connection), so ``client`` carries only what is the same for every client.
+        """
+        event: dict[str, Any] = {
+            "type": "io.nats.jetstream.advisory.v1.api_audit",
+            "server": self.server_id,
+            "client": {"acc": "$G", "server": self.server_id, "kind": "Client"},
+            "subject": subject,
+        }
+        if request:
+            event["request"] = request.decode("utf-8", "replace")
+        event["response"] = response.decode("utf-8", "replace")
+        self.consumers.sink.advisory(API_AUDIT, event)
+
+    def _stream_action(self, name: str, action: str, past: str) -> None:
+        """``STREAM.CREATED`` / ``UPDATED`` / ``DELETED``, as nats-server sends them."""
+        subject = f"{ADVISORY_PREFIX}STREAM.{past}.{name}"
+        if self.router.has_interest(subject):
+            self.consumers.sink.advisory(
+                subject,
+                {
+                    "type": "io.nats.jetstream.advisory.v1.stream_action",
+                    "stream": name,
+                    "action": action,
+                },
+            )
 
     def reply(self, reply: str, body: dict[str, Any]) -> None:
         self.router.publish(None, reply, "", None, requests.encode_json(body))
@@ -585,13 +630,16 @@ class JetStreamApi:
 
     async def _stream_create(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        stream, _created = await self.broker.create_stream(name, requests.checked_body(p))
+        stream, created = await self.broker.create_stream(name, requests.checked_body(p))
+        if created:
+            self._stream_action(name, "create", "CREATED")
         # nats-server answers an identical re-create exactly like the create.
         return {**self._stream_body(stream), "did_create": True}
 
     async def _stream_update(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
         stream = await self.broker.update_stream(name, requests.checked_body(p))
+        self._stream_action(name, "modify", "UPDATED")
         return self._stream_body(stream)
 
     async def _stream_info(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
@@ -613,6 +661,7 @@ class JetStreamApi:
                     "the HTTP API to delete its consumers first",
                 )
         await self.broker.delete_stream(name)
+        self._stream_action(name, "delete", "DELETED")
         return {"success": True}
 
     async def _stream_purge(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:

@@ -1,0 +1,147 @@
+"""JetStream lifecycle advisories (``$JS.EVENT.ADVISORY.>``) on Tether and nats-server.
+
+One scenario (streams and consumers created, updated and deleted through the API, an
+ephemeral consumer left to expire) runs on both servers while a plain core subscription
+listens. nats-server sends an API audit advisory from another queue than the lifecycle
+ones, so the two kinds interleave differently from run to run: each is compared as its
+own sequence. Ids, timestamps, server ids and client connection details differ by nature
+and are left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conformance_support import Peers
+
+pytestmark = pytest.mark.peer
+
+_VOLATILE = ("id", "timestamp")
+_AUDIT = "$JS.EVENT.ADVISORY.API"
+
+
+async def _scenario(url: str, until: str) -> list[tuple[str, dict[str, Any]]]:
+    nc = await nats.connect(url)
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def listen(msg: Any) -> None:
+        seen.append((msg.subject, json.loads(msg.data)))
+
+    await nc.subscribe("$JS.EVENT.ADVISORY.>", cb=listen)
+    await nc.flush()
+
+    async def api(subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else b""
+        reply = await nc.request("$JS.API." + subject, data, timeout=5)
+        return dict(json.loads(reply.data))
+
+    try:
+        await api("STREAM.CREATE.ADV", {"name": "ADV", "subjects": ["adv.>"]})
+        await api("STREAM.CREATE.ADV", {"name": "ADV", "subjects": ["adv.>"]})  # identical
+        await api("STREAM.UPDATE.ADV", {"name": "ADV", "subjects": ["adv.>"], "max_msgs": 10})
+        await api("STREAM.CREATE.ADV", {"name": "ADV", "subjects": ["other.>"]})  # refused
+        durable = {"durable_name": "D", "ack_policy": "explicit"}
+        await api("CONSUMER.CREATE.ADV.D", {"stream_name": "ADV", "config": durable})
+        await api("CONSUMER.CREATE.ADV.D", {"stream_name": "ADV", "config": durable})
+        await api(  # an update: no advisory
+            "CONSUMER.CREATE.ADV.D",
+            {"stream_name": "ADV", "config": {**durable, "max_waiting": 10}},
+        )
+        await api("STREAM.INFO.ADV")
+        await api("CONSUMER.PAUSE.ADV.D", {"pause_until": "2099-01-01T00:00:00Z"})
+        await api("CONSUMER.PAUSE.ADV.D", {})  # resumed
+        await api("CONSUMER.PAUSE.ADV.D", {"pause_until": until})  # runs out by itself
+        gone = {"durable_name": "GONE", "ack_policy": "explicit"}
+        await api("CONSUMER.CREATE.ADV.GONE", {"stream_name": "ADV", "config": gone})
+        await api("CONSUMER.DELETE.ADV.GONE")
+        await api(
+            "CONSUMER.CREATE.ADV.SHORT",
+            {
+                "stream_name": "ADV",
+                "config": {
+                    "name": "SHORT",
+                    "ack_policy": "explicit",
+                    "inactive_threshold": 200_000_000,
+                },
+            },
+        )
+        deadline = asyncio.get_running_loop().time() + 5
+        while sum(s.endswith(("DELETED.ADV.SHORT", "PAUSE.ADV.D")) for s, _ in seen) < 5:
+            assert asyncio.get_running_loop().time() < deadline, "SHORT never expired"
+            await asyncio.sleep(0.05)
+        await api("STREAM.DELETE.ADV")
+        await nc.flush()
+        await asyncio.sleep(0.3)
+    finally:
+        await nc.close()
+    return seen
+
+
+def _lifecycle(seen: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for subject, body in seen:
+        if subject == _AUDIT:
+            continue
+        assert all(body.get(k) for k in _VOLATILE), body
+        out.append((subject, {k: v for k, v in body.items() if k not in _VOLATILE}))
+    return out
+
+
+def _audits(seen: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    out = []
+    for subject, body in seen:
+        if subject != _AUDIT:
+            continue
+        response = json.loads(body["response"])
+        out.append(
+            {
+                "keys": sorted(body),
+                "type": body["type"],
+                "subject": body["subject"],
+                "request": json.loads(body["request"]) if "request" in body else None,
+                "response_type": response["type"],
+                "error": response.get("error"),
+                "client_acc": body["client"]["acc"],
+                "client_kind": body["client"]["kind"],
+            }
+        )
+    return out
+
+
+async def test_lifecycle_and_audit_advisories_match(nats_peer_url: str) -> None:
+    from tether.testing import run_server
+
+    with run_server() as tether:
+        peers = Peers(tether.url, nats_peer_url)
+        # The same pause end on both servers, after SHORT has expired on both.
+        until = (datetime.now(UTC) + timedelta(seconds=2)).isoformat().replace("+00:00", "Z")
+        theirs, ours = await asyncio.gather(
+            _scenario(peers.nats, until), _scenario(peers.tether, until)
+        )
+    assert _lifecycle(ours) == _lifecycle(theirs)
+    assert [s for s, _ in theirs if s != _AUDIT] == [
+        "$JS.EVENT.ADVISORY.STREAM.CREATED.ADV",
+        "$JS.EVENT.ADVISORY.STREAM.UPDATED.ADV",
+        "$JS.EVENT.ADVISORY.CONSUMER.CREATED.ADV.D",
+        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
+        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
+        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
+        "$JS.EVENT.ADVISORY.CONSUMER.CREATED.ADV.GONE",
+        "$JS.EVENT.ADVISORY.CONSUMER.DELETED.ADV.GONE",
+        "$JS.EVENT.ADVISORY.CONSUMER.CREATED.ADV.SHORT",
+        "$JS.EVENT.ADVISORY.CONSUMER.DELETED.ADV.SHORT",
+        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",  # the pause ran out
+        "$JS.EVENT.ADVISORY.CONSUMER.DELETED.ADV.D",
+        "$JS.EVENT.ADVISORY.STREAM.DELETED.ADV",
+    ]
+    assert _audits(ours) == _audits(theirs)
+    assert len(_audits(ours)) == 15
