@@ -144,3 +144,50 @@ async def test_a_value_postgresql_cannot_hold_is_refused_alone(database: str) ->
         assert [m.seq for m in await store.load_index("s")] == [1, 2]
     finally:
         await store.close()
+
+
+@pytest.mark.postgres
+async def test_measurements_for_metrics(database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commit sizes and latencies, the COMMIT round trip, and the tables' size: read in
+    the background, never waited for by the caller, cached between reads."""
+    import tether.storage.postgres as pg_store
+
+    store = PostgresStore(database)
+    await store.open()
+    try:
+        store.put_stream(stream("s"))
+        for seq in range(1, 21):
+            await store.append("s", msg(seq, data=b"x" * 1000))
+        stats = store.stats()
+        assert stats.commit_seconds.count > 0 and stats.commit_ops.count > 0
+        assert stats.commit_ops.total >= 21  # the stream and its 20 messages
+        assert stats.sync_seconds.count == stats.commit_seconds.count
+        assert 0 < stats.sync_seconds.total <= stats.commit_seconds.total
+
+        assert store.disk_bytes() is None  # the first call starts the read, does not wait
+        first = await _size(store)
+        assert first > 20 * 1000
+
+        for seq in range(21, 221):
+            await store.append("s", msg(seq, data=b"y" * 4000))
+        assert store.disk_bytes() == first  # still the cached value
+        monkeypatch.setattr(pg_store, "SIZE_MAX_AGE", 0.0)
+        store.disk_bytes()  # stale now: read again
+        await asyncio.sleep(0)
+        deadline = asyncio.get_running_loop().time() + 10
+        while store.disk_bytes() == first:
+            assert asyncio.get_running_loop().time() < deadline, "the size was not read again"
+            await asyncio.sleep(0.02)
+        assert (store.disk_bytes() or 0) > first  # 200 more messages of 4000 bytes
+    finally:
+        await store.close()
+    assert store.disk_bytes() is not None  # a closed store answers what it knew
+
+
+async def _size(store: PostgresStore) -> int:
+    for _ in range(500):
+        size = store.disk_bytes()
+        if size is not None and not store._size_reading:
+            return size
+        await asyncio.sleep(0.01)
+    raise AssertionError("the size of the tables was never read")

@@ -12,6 +12,10 @@
   commit of the former leader fails with :class:`Fenced` and nothing of it is written.
 * Reads: a two-thread pool, each thread with its own connection.
 * ``cached()``: the same byte-bounded cache of committed messages as the SQLite store.
+* ``/metrics``: the writer times every COMMIT round trip (the durability point: the
+  answer comes once PostgreSQL has made the transaction as durable as its
+  ``synchronous_commit`` says); the size of Tether's tables is read on a reader
+  thread at most every few seconds, never by the event loop (:meth:`disk_bytes`).
 * Schema: created and migrated by Tether from the versioned ``migrations/*.sql`` files
   shipped with it, in one transaction under an advisory lock.
 """
@@ -22,7 +26,9 @@ import asyncio
 import contextlib
 import importlib.resources
 import re
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.storage.base import (
@@ -49,6 +55,7 @@ from tether.storage.group_commit import (
     PUT_STREAM,
     Op,
 )
+from tether.storage.stats import LATENCY_BUCKETS, Histogram, StoreStats
 from tether.storage.threaded import ThreadedStore
 
 if TYPE_CHECKING:
@@ -240,6 +247,23 @@ SQL_READ_ROWS = (
 SQL_READ_MANY = (
     f"SELECT {_COLUMNS} FROM tether_messages WHERE stream = %s AND seq = ANY(%s) ORDER BY seq"
 )
+# The store's size: every table of Tether's with its indexes and TOAST, found through
+# the connection's search_path as the other statements find them (a missing one: NULL,
+# which sum() skips).
+TABLES = (
+    "tether_schema",
+    "tether_streams",
+    "tether_stream_seq",
+    "tether_messages",
+    "tether_consumers",
+    "tether_leader",
+)
+SQL_TABLE_BYTES = (
+    "SELECT coalesce(sum(pg_total_relation_size(to_regclass(t))), 0)::int8"
+    " FROM unnest(%s::text[]) AS t"
+)
+# Seconds a size read stays good: scrapes every second cost one query per this many.
+SIZE_MAX_AGE = 5.0
 
 
 # -- the writer -------------------------------------------------------------------------
@@ -267,6 +291,7 @@ class _Writer:
         self._on_fenced = on_fenced
         self._conn: psycopg.Connection[Any] | None = None
         self.fenced: Fenced | None = None
+        self.sync_seconds = Histogram(LATENCY_BUCKETS)  # the COMMIT round trip alone
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -323,6 +348,10 @@ class _Writer:
                 for ops in batches:
                     txn.apply(ops)
                 txn.finish()
+                started = time.perf_counter()
+            # Leaving the block sent COMMIT and waited for PostgreSQL's answer: the
+            # durability point (its WAL flush, and standbys', per synchronous_commit).
+            self.sync_seconds.observe(time.perf_counter() - started)
         except Fenced as fenced:
             self.fenced = fenced
             self._on_fenced(fenced)
@@ -560,10 +589,56 @@ class PostgresStore(ThreadedStore[_Writer, "psycopg.Connection[Any]"]):
             url, epoch, synchronous_commit, keepalive, self._fenced_in_writer, writer_options
         )
         super().__init__(self._writer, cache_bytes)
+        # The size of Tether's tables, for /metrics: None until first read; written by
+        # a reader thread (whole-value assignments), read by the event loop.
+        self._size: int | None = None
+        self._size_read_at = -SIZE_MAX_AGE
+        self._size_reading = False
 
     @property
     def fenced(self) -> Fenced | None:
         return self._writer.fenced
+
+    # -- measurements ----------------------------------------------------------------
+    def stats(self) -> StoreStats:
+        """Commit sizes and latencies, and the COMMIT round trip's time (for /metrics)."""
+        stats = self._committer.stats
+        return StoreStats(stats.commit_ops, stats.commit_seconds, self._writer.sync_seconds)
+
+    def disk_bytes(self) -> int | None:
+        """``pg_total_relation_size`` of Tether's tables, as read at most
+        :data:`SIZE_MAX_AGE` seconds ago (None until the first read is done). Never
+        waits for PostgreSQL: a stale value starts a read on a reader thread and is
+        returned meanwhile, so a scrape stays cheap and the event loop never blocks."""
+        if not self._size_reading and time.monotonic() - self._size_read_at >= SIZE_MAX_AGE:
+            self._read_size()
+        return self._size
+
+    def _read_size(self) -> None:
+        readers = self._readers
+        if readers is None:
+            return
+
+        def query(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(SQL_TABLE_BYTES, (list(TABLES),)).fetchone()
+            return 0 if row is None else int(row[0])
+
+        self._size_reading = True
+        try:
+            future = readers.submit(self._in_reader, query)
+        except RuntimeError:  # the store is closing: its readers take no more work
+            self._size_reading = False
+            return
+        future.add_done_callback(self._size_done)
+
+    def _size_done(self, future: Future[int]) -> None:
+        # On a reader thread. A failed read (PostgreSQL away) keeps the last value and
+        # waits SIZE_MAX_AGE like a good one, so scrapes do not hammer a database that
+        # is down; the commits' own errors say what is wrong.
+        with contextlib.suppress(Exception):
+            self._size = future.result()
+        self._size_read_at = time.monotonic()
+        self._size_reading = False
 
     # -- lifecycle -------------------------------------------------------------------
     def call_in_writer(self, fn: Callable[[psycopg.Connection[Any]], T]) -> asyncio.Future[T]:

@@ -246,15 +246,21 @@ def _store(store: Store, out: list[str]) -> None:
         out.extend(
             _histogram(
                 "tether_store_fsync_seconds",
-                "Time of the COMMIT statement alone (with sync=always: the WAL write and fsync)",
+                "Time of the COMMIT statement alone, the durability point: SQLite's WAL write"
+                " (and its fsync with sync=always); PostgreSQL's COMMIT round trip (its WAL"
+                " flush, per synchronous_commit)",
                 stats.sync_seconds,
             )
         )
     disk_of = getattr(store, "disk_bytes", None)
-    if callable(disk_of):
-        out.append("# HELP tether_store_disk_bytes Bytes of the store's files on disk")
+    size = disk_of() if callable(disk_of) else None
+    if size is not None:  # PostgreSQL's: None until its first (background) read is done
+        out.append(
+            "# HELP tether_store_disk_bytes Bytes of the store on disk: SQLite's files, or"
+            " pg_total_relation_size of Tether's PostgreSQL tables (read every few seconds)"
+        )
         out.append("# TYPE tether_store_disk_bytes gauge")
-        out.append(f"tether_store_disk_bytes {disk_of()}")
+        out.append(f"tether_store_disk_bytes {size}")
 
 
 def routes(app: Observed) -> list[Route]:
