@@ -28,6 +28,7 @@ from tether.engine.streams import Stream
 from tether.engine.subjects import filters_overlap
 from tether.protocol.nats.commands import encode
 from tether.server.nats import requests
+from tether.server.nats.connection import ClientConnection
 from tether.server.nats.fast_batch import FastBatches
 from tether.server.nats.requests import (
     BodyError,
@@ -494,24 +495,53 @@ class JetStreamApi:
         response = requests.encode_json({"type": rtype, **body})
         if reply:
             self.router.publish(None, reply, "", None, response)
-        self._audit(subject, payload, response)
+        self._audit(subject, reply, payload, response)
 
-    def _audit(self, subject: str, request: bytes, response: bytes) -> None:
-        """nats-server's ``api_audit`` advisory: one per answered API request.
-
-        The requesting client is not known here (internal subscriptions do not see the
-        connection), so ``client`` carries only what is the same for every client.
-        """
+    def _audit(self, subject: str, reply: str, request: bytes, response: bytes) -> None:
+        """nats-server's ``api_audit`` advisory: one per answered API request."""
         event: dict[str, Any] = {
             "type": "io.nats.jetstream.advisory.v1.api_audit",
             "server": self.server_id,
-            "client": {"acc": "$G", "server": self.server_id, "kind": "Client"},
+            "client": self._requester(reply),
             "subject": subject,
         }
         if request:
             event["request"] = request.decode("utf-8", "replace")
         event["response"] = response.decode("utf-8", "replace")
         self.consumers.sink.advisory(API_AUDIT, event)
+
+    def _requester(self, reply: str) -> dict[str, Any]:
+        """The audit's ``client``: the connection subscribed to the reply subject.
+
+        An internal subscription does not see who published, so the requester is found
+        by its reply inbox (looked up only for an audit somebody listens to).
+        """
+        conn: ClientConnection | None = None
+        if reply:
+            for sub in self.router.index.match(reply).plain:
+                if isinstance(sub.client, ClientConnection):
+                    conn = sub.client
+                    break
+        info: dict[str, Any] = {}
+        if conn is not None:
+            info["start"] = rfc3339(int(conn.started_at * 1_000_000_000))
+            info["host"] = conn.remote[0]
+            info["id"] = conn.cid
+        info["acc"] = "$G"
+        if conn is not None:
+            if conn.user:
+                info["user"] = conn.user
+            if conn.name:
+                info["name"] = conn.name
+            if conn.lang:
+                info["lang"] = conn.lang
+            if conn.version:
+                info["ver"] = conn.version
+        info["server"] = self.server_id
+        info["kind"] = "Client"
+        if conn is not None:
+            info["client_type"] = "nats"
+        return info
 
     def _stream_action(self, name: str, action: str, past: str) -> None:
         """``STREAM.CREATED`` / ``UPDATED`` / ``DELETED``, as nats-server sends them."""
