@@ -674,6 +674,22 @@ def test_pause(w: World) -> None:
     assert not c.paused
 
 
+def test_a_pause_timer_firing_early_waits_for_the_rest(w: World) -> None:
+    # The loop's monotonic timer can fire before the wall clock reaches the pause's end.
+    c = w.consumer()
+    c.pause(w.clock.now() + NS)
+    w.publish()
+    c.pull(INBOX, b'{"batch": 1, "expires": 5000000000}')
+    timer = c._pause_timer
+    assert timer is not None
+    timer.cancel()  # it fires now, a second early
+    c._on_unpause()
+    assert c.paused and w.sink.take() == []
+    w.clock.advance(1.01)
+    assert msgs(w.sink.take()) == [1]
+    assert not c.paused
+
+
 def test_resuming_with_the_epoch_keeps_it_in_the_config(w: World) -> None:
     # nats.js resumes with pause_until = the epoch; nats-server keeps that time in the config.
     c = w.consumer()

@@ -587,6 +587,12 @@ class Consumer(
 
     def _on_unpause(self) -> None:
         self._pause_timer = None
+        if self.paused:
+            # The loop's timer (monotonic) may fire a little before the wall clock
+            # reaches the end: wait the rest, at least a millisecond so as not to spin.
+            rest = max((self.paused_until - self.clock.now()) / NS, 0.001)
+            self._pause_timer = self.clock.call_later(rest, self._on_unpause)
+            return
         self._pause_advisory()
         self.pump()
 
