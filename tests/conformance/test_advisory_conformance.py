@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,16 @@ _VOLATILE = ("id", "timestamp")
 _AUDIT = "$JS.EVENT.ADVISORY.API"
 # The connection's start, id and server id differ by nature; Tether does not measure rtt.
 _CLIENT_VOLATILE = ("start", "id", "server", "rtt")
+_RUN_OUT = {
+    "type": "io.nats.jetstream.advisory.v1.consumer_pause",
+    "stream": "ADV",
+    "consumer": "D",
+    "paused": False,
+    "pause_until": "<until>",
+}
 
 
-async def _scenario(url: str, until: str) -> list[tuple[str, dict[str, Any]]]:
+async def _scenario(url: str) -> list[tuple[str, dict[str, Any]]]:
     nc = await nats.connect(url)
     seen: list[tuple[str, dict[str, Any]]] = []
 
@@ -59,9 +67,6 @@ async def _scenario(url: str, until: str) -> list[tuple[str, dict[str, Any]]]:
             {"stream_name": "ADV", "config": {**durable, "max_waiting": 10}},
         )
         await api("STREAM.INFO.ADV")
-        await api("CONSUMER.PAUSE.ADV.D", {"pause_until": "2099-01-01T00:00:00Z"})
-        await api("CONSUMER.PAUSE.ADV.D", {})  # resumed
-        await api("CONSUMER.PAUSE.ADV.D", {"pause_until": until})  # runs out by itself
         gone = {"durable_name": "GONE", "ack_policy": "explicit"}
         await api("CONSUMER.CREATE.ADV.GONE", {"stream_name": "ADV", "config": gone})
         await api("CONSUMER.DELETE.ADV.GONE")
@@ -76,16 +81,28 @@ async def _scenario(url: str, until: str) -> list[tuple[str, dict[str, Any]]]:
                 },
             },
         )
-        deadline = asyncio.get_running_loop().time() + 5
-        while sum(s.endswith(("DELETED.ADV.SHORT", "PAUSE.ADV.D")) for s, _ in seen) < 5:
-            assert asyncio.get_running_loop().time() < deadline, "SHORT never expired"
-            await asyncio.sleep(0.05)
+        await _until(lambda: any(s.endswith("DELETED.ADV.SHORT") for s, _ in seen))
+        await api("CONSUMER.PAUSE.ADV.D", {"pause_until": "2099-01-01T00:00:00Z"})
+        await api("CONSUMER.PAUSE.ADV.D", {})  # resumed
+        # A pause that runs out by itself, in whole seconds (formatted alike by both).
+        end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+        until = end.isoformat().replace("+00:00", "Z")
+        await api("CONSUMER.PAUSE.ADV.D", {"pause_until": until})
+        await _until(lambda: sum(s.endswith("PAUSE.ADV.D") for s, _ in seen) == 4)
         await api("STREAM.DELETE.ADV")
         await nc.flush()
         await asyncio.sleep(0.3)
     finally:
         await nc.close()
-    return seen
+    # Each server has its own pause end.
+    return list(json.loads(json.dumps(seen).replace(until, "<until>")))
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, "no advisory"
+        await asyncio.sleep(0.05)
 
 
 def _lifecycle(seen: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
@@ -95,6 +112,7 @@ def _lifecycle(seen: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
             continue
         assert all(body.get(k) for k in _VOLATILE), body
         out.append((subject, {k: v for k, v in body.items() if k not in _VOLATILE}))
+    assert ("$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D", _RUN_OUT) in out
     return out
 
 
@@ -123,23 +141,19 @@ async def test_lifecycle_and_audit_advisories_match(nats_peer_url: str) -> None:
 
     with run_server() as tether:
         peers = Peers(tether.url, nats_peer_url)
-        # The same pause end on both servers, after SHORT has expired on both.
-        until = (datetime.now(UTC) + timedelta(seconds=2)).isoformat().replace("+00:00", "Z")
-        theirs, ours = await asyncio.gather(
-            _scenario(peers.nats, until), _scenario(peers.tether, until)
-        )
+        theirs, ours = await asyncio.gather(_scenario(peers.nats), _scenario(peers.tether))
     assert _lifecycle(ours) == _lifecycle(theirs)
     assert [s for s, _ in theirs if s != _AUDIT] == [
         "$JS.EVENT.ADVISORY.STREAM.CREATED.ADV",
         "$JS.EVENT.ADVISORY.STREAM.UPDATED.ADV",
         "$JS.EVENT.ADVISORY.CONSUMER.CREATED.ADV.D",
-        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
-        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
-        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
         "$JS.EVENT.ADVISORY.CONSUMER.CREATED.ADV.GONE",
         "$JS.EVENT.ADVISORY.CONSUMER.DELETED.ADV.GONE",
         "$JS.EVENT.ADVISORY.CONSUMER.CREATED.ADV.SHORT",
         "$JS.EVENT.ADVISORY.CONSUMER.DELETED.ADV.SHORT",
+        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
+        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
+        "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",
         "$JS.EVENT.ADVISORY.CONSUMER.PAUSE.ADV.D",  # the pause ran out
         "$JS.EVENT.ADVISORY.CONSUMER.DELETED.ADV.D",
         "$JS.EVENT.ADVISORY.STREAM.DELETED.ADV",
