@@ -330,6 +330,22 @@ def test_one_read_of_hpubs_to_one_subject_is_one_run() -> None:
     assert frames[20] == ("ping",)
 
 
+def test_hpubs_without_a_reply_are_one_run() -> None:
+    # As an atomic batch sends them: no reply but on the last, sizes changing now and then.
+    heads = [
+        block(("Nats-Batch-Id", b"b"), ("Nats-Batch-Sequence", b"%d" % i)) for i in range(1, 13)
+    ]
+    stream = b"".join(
+        hpub(b"cap.x", b"r.1" if i == 11 else b"", h, b"p") for i, h in enumerate(heads)
+    )
+    frames, error, run_calls = _parse(stream, [], True)
+    assert error == ""
+    assert run_calls == 1
+    assert [f[2] for f in frames] == [""] * 11 + ["r.1"]
+    assert [f[3] for f in frames] == heads
+    assert frames == _parse(stream, [], False)[0]
+
+
 class FakeTransport:
     def __init__(self) -> None:
         self.written = bytearray()

@@ -19,7 +19,7 @@ from tether.engine import errors
 from tether.engine.clock import Clock, Timer
 from tether.engine.streams import StreamListener, counters
 from tether.engine.streams import schedules as sched
-from tether.engine.streams.batches import BATCH_ID, AtomicBatches, Staged
+from tether.engine.streams.batches import BATCH_ID, AtomicBatches, Staged, batch_only_fields
 from tether.engine.streams.config import (
     StreamConfig,
     check_create,
@@ -1021,6 +1021,30 @@ class Broker:
             self._arm_schedule(schedule)
 
     # -- atomic batches ------------------------------------------------------------------------
+    def publish_batch_message(
+        self,
+        stream: Stream,
+        subject: str,
+        block: bytes,
+        payload: bytes,
+        on_durable: Callable[[PubAck | errors.ApiError], None] | None,
+    ) -> bool:
+        """:meth:`publish` for the common atomic batch message, whose header block holds
+        only its batch headers, without the general publish path's preamble: staged,
+        or (its commit) the whole batch stored, with the same outcome and answers.
+
+        Returns False, having done nothing, for any other message or a stream where
+        the general path has more to do first (sealed, counters, a subject
+        transform): the caller then publishes it with :meth:`publish`."""
+        cfg = stream.config
+        if cfg.sealed or cfg.allow_msg_counter or cfg.subject_transform or self._producing:
+            return False
+        fields = batch_only_fields(block)
+        if fields is None:
+            return False
+        self._publish_batched(stream, subject, block, payload, fields, on_durable, None)
+        return True
+
     def _publish_batched(
         self,
         stream: Stream,
@@ -1039,7 +1063,8 @@ class Broker:
                 name, stream.config.allow_atomic, subject, hdrs, payload, fields
             )
             if staged is None:
-                _answer(target, name, replies, PubAck(name, 0, staged=True))
+                if target is not None:
+                    _answer(target, name, replies, PubAck(name, 0, staged=True))
                 return
             batch, msgs, _ = staged
             self._commit_batch(stream, batch.id, msgs, target, replies)

@@ -109,6 +109,29 @@ class BatchLimits:
     timeout_ns: int = BATCH_TIMEOUT_NS
 
 
+# The header block of a batch message carrying nothing but its batch headers, as
+# publishers write it: read with one match instead of line by line. The values are
+# printable ASCII without blanks, so they read as the general parser reads them.
+_BATCH_ONLY = re.compile(
+    rb"NATS/1\.0\r\nNats-Batch-Id: ([!-~]+)\r\nNats-Batch-Sequence: ([!-~]+)\r\n"
+    rb"(?:Nats-Batch-Commit: ([!-~]+)\r\n)?\r\n"
+)
+
+
+def batch_only_fields(block: bytes) -> dict[bytes, bytes] | None:
+    """The fields of a header block holding only ``Nats-Batch-Id``,
+    ``Nats-Batch-Sequence`` and maybe ``Nats-Batch-Commit`` (in that order, one
+    space after each colon), as the general header parser would give them; None
+    for any other block, which the general parser then reads."""
+    m = _BATCH_ONLY.fullmatch(block)
+    if m is None:
+        return None
+    batch_id, seq, commit = m.groups()
+    if commit is None:
+        return {BATCH_ID: batch_id, BATCH_SEQ: seq}
+    return {BATCH_ID: batch_id, BATCH_SEQ: seq, BATCH_COMMIT: commit}
+
+
 def with_commit_header(headers: bytes) -> bytes:
     """``headers`` plus ``Nats-Batch-Commit: 1`` (the last stored message of a batch
     ended by ``eob`` carries it, as on nats-server)."""

@@ -550,9 +550,19 @@ class Parser:
             if nl < 0 or nl - pos > max_line or buf[nl - 1] != 13:
                 break
             if tail and buf.endswith(tail, pos, nl):
-                # What the split below would make of it: exactly one reply token.
-                reply_parts = buf[pos + hl : nl - tl].split()
-                if len(reply_parts) == 1:
+                # What the split below would make of it: no reply (the subject's blank
+                # is the tail's, as in the messages of an atomic batch), or exactly one
+                # reply token.
+                if nl - tl == pos + hl - 1:
+                    reply: str | None = ""
+                else:
+                    reply_parts = buf[pos + hl : nl - tl].split()
+                    reply = (
+                        reply_parts[0].decode("utf-8", "surrogateescape")
+                        if len(reply_parts) == 1
+                        else None
+                    )
+                if reply is not None:
                     start = nl + 1
                     end = start + size + 2
                     if end > n:
@@ -562,7 +572,7 @@ class Parser:
                             self._hpub_done(raw_subject, replies, blocks, payloads)
                         raise ProtocolError(UNKNOWN_OPERATION)
                     split = start + hsize
-                    replies.append(reply_parts[0].decode("utf-8", "surrogateescape"))
+                    replies.append(reply)
                     blocks.append(buf[start:split])
                     payloads.append(buf[split : end - 2])
                     pos = end

@@ -310,22 +310,32 @@ class JetStreamApi:
             cfg = stream.config
             if cfg.allow_atomic or cfg.allow_msg_counter:
                 # PubAcks with more than a sequence (a batch's, a counter's total).
-                def answered(result: PubAck | errors.ApiError) -> None:
-                    self._answer_extended(name, reply, result)
-
-                self.broker.publish(stream, subject, headers, payload, answered)
+                self.broker.publish(
+                    stream, subject, headers, payload, self._extended_answer(name, reply)
+                )
                 return
             self.broker.publish_reply(stream, subject, headers, payload, self, reply)
-        except ValueError as exc:
+        except Exception as exc:
+            self._publish_raised(name, subject, reply if answer else "", exc)
+
+    def _extended_answer(self, name: str, reply: str) -> Callable[[PubAck | errors.ApiError], None]:
+        def answered(result: PubAck | errors.ApiError) -> None:
+            self._answer_extended(name, reply, result)
+
+        return answered
+
+    def _publish_raised(self, name: str, subject: str, reply: str, exc: Exception) -> None:
+        """A publish the engine raised on; ``reply`` ("" when nobody is answered) hears."""
+        if isinstance(exc, ValueError):
             # A header value the engine could not read (every check runs before the
             # message is stored): this publish is refused, the connection goes on.
             log.debug("publish to %s refused: %s", subject, exc)
-            if answer:
+            if reply:
                 self.pub_failed(name, [reply], errors.bad_request("invalid header value"))
-        except Exception:
-            log.exception("publish to %s failed", subject)
-            if answer:
-                self.pub_failed(name, [reply], errors.ApiError(500, 10051, "internal server error"))
+            return
+        log.error("publish to %s failed", subject, exc_info=exc)
+        if reply:
+            self.pub_failed(name, [reply], errors.ApiError(500, 10051, "internal server error"))
 
     def _capture_run(
         self, name: str, subject: str, replies: list[str], payloads: list[bytes]
@@ -371,12 +381,14 @@ class JetStreamApi:
         if stream is None:
             return
         cfg = stream.config
-        if (
-            cfg.allow_atomic
-            or cfg.allow_msg_counter
-            or not requests.is_utf8(subject)
+        odd = (
+            not requests.is_utf8(subject)
             or (FAST_BATCH + "\n") in "\n".join(replies) + "\n"  # any reply ending so
-        ):
+        )
+        if cfg.allow_atomic and not cfg.allow_msg_counter and not odd:
+            self._capture_atomic(name, stream, subject, replies, blocks, payloads)
+            return
+        if cfg.allow_atomic or cfg.allow_msg_counter or odd:
             # PubAcks with more than a sequence, or refusals: message by message.
             for reply, block, payload in zip(replies, blocks, payloads, strict=True):
                 self._capture(name, subject, reply, block or None, payload)
@@ -395,6 +407,39 @@ class JetStreamApi:
                     for k in range(i, n):
                         self._capture(name, subject, replies[k], blocks[k] or None, payloads[k])
                     return
+
+    def _capture_atomic(
+        self,
+        name: str,
+        stream: Stream,
+        subject: str,
+        replies: list[str],
+        blocks: list[bytes],
+        payloads: list[bytes],
+    ) -> None:
+        """A run of publishes with headers to a stream taking atomic batches: as
+        :meth:`_capture` for each, but a batch message with nothing but its batch
+        headers goes to the broker without the general publish path."""
+        publish = self.broker.publish_batch_message
+        streams = self.broker.streams
+        for i, payload in enumerate(payloads):
+            if streams.get(name) is not stream:
+                # Deleted or changed by what a message did: the rest as usual.
+                for k in range(i, len(payloads)):
+                    self._capture(name, subject, replies[k], blocks[k] or None, payloads[k])
+                return
+            reply = replies[i]
+            block = blocks[i]
+            if reply and stream.config.no_ack:
+                reply = ""
+            try:
+                target = self._extended_answer(name, reply) if reply else None
+                if publish(stream, subject, block, payload, target):
+                    continue
+            except Exception as exc:
+                self._publish_raised(name, subject, reply, exc)
+                continue
+            self._capture(name, subject, replies[i], block or None, payload)
 
     def _ack_prefix(self, name: str) -> bytes:
         prefix = self._pub_ack_prefix.get(name)
