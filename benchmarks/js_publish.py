@@ -264,9 +264,11 @@ def raw_publish(
 def raw_atomic(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
     """Atomic batches of ``--atomic-batch`` messages (ADR-50) on a raw socket: every
     message carries ``Nats-Batch-Id``/``-Sequence``, only the last one (with
-    ``Nats-Batch-Commit: 1``) asks for a PubAck. At most ``window`` messages and 40
-    batches (nats-server refuses a 51st per stream) wait for their commit. Rate =
-    messages in acknowledged batches / (first send -> last PubAck)."""
+    ``Nats-Batch-Commit: 1``) asks for a PubAck. At most ``window`` messages and 50
+    batches wait for their commit: as many as nats-server's per-stream limit (and
+    Tether's) lets a publisher have open, since a batch stops counting there when its
+    commit is taken, before its PubAck. Rate = messages in acknowledged batches /
+    (first send -> last PubAck)."""
     res = Result("atomic", "", n)
     size, per, stall = opts["size"], opts["atomic_batch"], opts["stall"]
     payload = b"x" * size
@@ -287,7 +289,7 @@ def raw_atomic(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
                 % (subj, reply, len(hdr), len(hdr) + size, hdr, payload)
             )
         units.append(b"".join(frames))
-    in_flight = max(1, min(40, opts["window"] // per))
+    in_flight = max(1, min(50, opts["window"] // per))
     counter = AckCounter()
     conn = subscribed(port, b"_INBOX.bench.*", counter.on_msg, stall)
     next_unit = 0
