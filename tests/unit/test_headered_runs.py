@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transport_support import connect as _connect
 
 from tether.engine.broker import Broker
 from tether.engine.clock import FakeClock
@@ -24,7 +25,6 @@ from tether.engine.errors import ApiError
 from tether.engine.streams.stream import Stream
 from tether.protocol.nats.parser import Parser
 from tether.server.config import ServerConfig
-from tether.server.nats.connection import ClientConnection
 from tether.server.nats.server import NatsServer
 from tether.storage.base import StorageError
 from tether.storage.group_commit import Batch
@@ -344,43 +344,6 @@ def test_hpubs_without_a_reply_are_one_run() -> None:
     assert [f[2] for f in frames] == [""] * 11 + ["r.1"]
     assert [f[3] for f in frames] == heads
     assert frames == _parse(stream, [], False)[0]
-
-
-class FakeTransport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 50000) if name == "peername" else default
-
-
-def _connect(server: NatsServer) -> tuple[ClientConnection, FakeTransport]:
-    transport = FakeTransport()
-    conn = server._new_connection()
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    return conn, transport
 
 
 async def _serve(stream: bytes, cuts: list[int], runs: bool) -> tuple[bytes, list[Any], bool]:
