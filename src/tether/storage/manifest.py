@@ -146,6 +146,9 @@ def remove_manifest(directory: Path) -> None:
     _fsync_directory(directory)
 
 
+_WAL_HEADER = 32  # a WAL file of this size or less holds no frames
+
+
 def database_file_problem(path: Path) -> str | None:
     """What makes the SQLite database file ``path`` certainly not whole, judged from its
     size and its header alone, or None.
@@ -170,7 +173,11 @@ def database_file_problem(path: Path) -> str | None:
     pages = int.from_bytes(header[28:32], "big")
     # The page count is valid only when written by the same change as the counter.
     valid = header[24:28] == header[92:96]
-    if valid and pages and size < pages * page_size:
+    # A checkpoint cut short (kill -9) can leave the file shorter than its header while
+    # the WAL still holds every page it was copying: SQLite reads those from the WAL.
+    wal = path.with_name(path.name + "-wal")
+    wal_frames = wal.exists() and wal.stat().st_size > _WAL_HEADER
+    if valid and pages and size < pages * page_size and not wal_frames:
         return f"is truncated: {size} bytes, where its header says {pages * page_size}"
     return None
 
