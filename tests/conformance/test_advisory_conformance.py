@@ -102,7 +102,8 @@ async def _scenario(url: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 async def _until(done: Callable[[], bool], seen: list[tuple[str, dict[str, Any]]]) -> None:
-    deadline = asyncio.get_running_loop().time() + 10
+    # Generous: on a loaded machine an inactivity expiry or a pause end can come late.
+    deadline = asyncio.get_running_loop().time() + 30
     while not done():
         assert asyncio.get_running_loop().time() < deadline, [s for s, _ in seen]
         await asyncio.sleep(0.05)
