@@ -95,14 +95,17 @@ def _free_port() -> int:
 
 
 def keys(value: Any, prefix: str = "") -> set[str]:
-    """Every key path of a JSON value; the first element stands for a list's items."""
+    """Every key path of a JSON value; ``[]`` stands for the items of a list (all of them)."""
     found: set[str] = set()
     if isinstance(value, dict):
         for k, v in value.items():
             found.add(prefix + k)
             found |= keys(v, f"{prefix}{k}.")
-    elif isinstance(value, list) and value and isinstance(value[0], dict):
-        found |= keys(value[0], f"{prefix}[].")
+    elif isinstance(value, list):
+        # Every item: the servers may list streams in different orders.
+        for item in value:
+            if isinstance(item, dict):
+                found |= keys(item, f"{prefix}[].")
     return found
 
 
