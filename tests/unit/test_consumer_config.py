@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tether.engine.clock import go_duration
 from tether.engine.consumers import pull_queue as pq
 from tether.engine.consumers.config import (
     ConsumerConfig,
@@ -140,10 +141,10 @@ def test_pull_request_bodies() -> None:
 
 
 def test_go_durations() -> None:
-    assert pq.go_duration(NS) == "1s"
-    assert pq.go_duration(1_500_000_000) == "1.5s"
-    assert pq.go_duration(250_000_000) == "250ms"
-    assert pq.go_duration(90 * NS) == "1m30s"
+    assert go_duration(NS) == "1s"
+    assert go_duration(1_500_000_000) == "1.5s"
+    assert go_duration(250_000_000) == "250ms"
+    assert go_duration(90 * NS) == "1m30s"
     assert parse_go_duration("1m30s") == 90 * NS
     assert parse_go_duration("250ms") == 250_000_000
     assert parse_go_duration("1.5s") == 1_500_000_000

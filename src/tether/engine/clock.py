@@ -71,3 +71,35 @@ class FakeClock:
             if not timer.cancelled:
                 callback()
         self._now = target
+
+
+_NS = 1_000_000_000
+
+
+def go_duration(ns: int) -> str:
+    """A non-negative duration the way Go's ``time.Duration.String`` prints it
+    (``1.5s``, ``250ms``, ``1m30s``): nats-server writes durations so in headers,
+    errors and monitoring."""
+    if ns == 0:
+        return "0s"
+    if ns < _NS:
+        for unit, size in (("ms", 10**6), ("µs", 10**3)):
+            if ns >= size:
+                return _fraction(ns, size) + unit
+        return f"{ns}ns"
+    hours, rest = divmod(ns, 3600 * _NS)
+    minutes, rest = divmod(rest, 60 * _NS)
+    secs = _fraction(rest, _NS) + "s"
+    if hours:
+        return f"{hours}h{minutes}m{secs}"
+    if minutes:
+        return f"{minutes}m{secs}"
+    return secs
+
+
+def _fraction(value: int, unit: int) -> str:
+    whole, frac = divmod(value, unit)
+    if not frac:
+        return str(whole)
+    digits = len(str(unit)) - 1
+    return f"{whole}.{frac:0{digits}d}".rstrip("0")

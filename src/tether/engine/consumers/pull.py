@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic
 
-from tether.engine.clock import Clock
+from tether.engine.clock import Clock, go_duration
 from tether.engine.consumers import pull_queue as pq
 from tether.engine.consumers.config import ConsumerConfig
 from tether.engine.consumers.cursor import PriorityCursor, SequenceCursor
@@ -105,7 +105,7 @@ class PullDelivery(Generic[Me]):
             )
             return
         if req.expires and cfg.max_expires and req.expires > cfg.max_expires:
-            text = f"Exceeded MaxRequestExpires of {pq.go_duration(cfg.max_expires)}"
+            text = f"Exceeded MaxRequestExpires of {go_duration(cfg.max_expires)}"
             sink.control(self._me, reply, pq.conflict(text))
             return
         if req.max_bytes > 0 and cfg.max_bytes and req.max_bytes > cfg.max_bytes:

@@ -63,34 +63,6 @@ def idle_heartbeat(last_consumer: int, last_stream: int, stalled: str = "") -> b
     return block + b"\r\n"
 
 
-def go_duration(ns: int) -> str:
-    """A duration the way Go's ``time.Duration.String`` prints it (``1.5s``, ``500ms``)."""
-    if ns == 0:
-        return "0s"
-    sign = "-" if ns < 0 else ""
-    ns = abs(ns)
-    if ns < 1000:
-        return f"{sign}{ns}ns"
-    if ns < 1_000_000:
-        return f"{sign}{_trim(ns / 1000)}µs"
-    if ns < NS:
-        return f"{sign}{_trim(ns / 1_000_000)}ms"
-    secs = ns / NS
-    hours, rest = divmod(secs, 3600)
-    minutes, seconds = divmod(rest, 60)
-    out = sign
-    if hours:
-        out += f"{int(hours)}h"
-    if hours or minutes:
-        out += f"{int(minutes)}m"
-    return out + f"{_trim(round(seconds, 9))}s"
-
-
-def _trim(value: float) -> str:
-    text = f"{value:.9f}".rstrip("0").rstrip(".")
-    return text or "0"
-
-
 # Go's int and time.Duration: a number beyond int64 fails the request, as in nats-server.
 _Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import heapq
 
+from tether.engine.clock import go_duration
+
 NS = 1_000_000_000
 # The wheel's resolution: how late a message may expire, at most.
 SLOT_NS = 100_000_000
@@ -147,33 +149,6 @@ def with_ttl(block: bytes, seconds: int) -> bytes:
             lines[i] = b"Nats-TTL: %d" % seconds
             break
     return b"\r\n".join(lines)
-
-
-def go_duration(ns: int) -> str:
-    """Go's ``time.Duration.String`` for a non-negative duration."""
-    if ns == 0:
-        return "0s"
-    if ns < NS:
-        for unit, size in (("ms", 10**6), ("µs", 10**3)):
-            if ns >= size:
-                return _fraction(ns, size) + unit
-        return f"{ns}ns"
-    hours, rest = divmod(ns, 3600 * NS)
-    minutes, rest = divmod(rest, 60 * NS)
-    secs = _fraction(rest, NS) + "s"
-    if hours:
-        return f"{hours}h{minutes}m{secs}"
-    if minutes:
-        return f"{minutes}m{secs}"
-    return secs
-
-
-def _fraction(value: int, unit: int) -> str:
-    whole, frac = divmod(value, unit)
-    if not frac:
-        return str(whole)
-    digits = len(str(unit)) - 1
-    return f"{whole}.{frac:0{digits}d}".rstrip("0")
 
 
 def marker_headers(marker_ttl_ns: int, reason: str = "MaxAge") -> bytes:
