@@ -134,7 +134,9 @@ def _audits(seen: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
                 "request": json.loads(body["request"]) if "request" in body else None,
                 "response_type": response["type"],
                 "error": response.get("error"),
-                "client": {k: v for k, v in body["client"].items() if k not in _CLIENT_VOLATILE},
+                "client": {
+                    k: "<varies>" if k in _CLIENT_VOLATILE else v for k, v in body["client"].items()
+                },
             }
         )
     return out

@@ -4,6 +4,7 @@ when it closes, and the bounds it enforces (the timers are fired by hand)."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -242,6 +243,10 @@ async def test_stale_connection() -> None:
     conn, transport = Harness(max_pings_out=2).connect()
     conn.data_received(b'CONNECT {"verbose":false}\r\n')
     output(conn, transport)
+    assert conn.rtt_ns > 0  # estimated from connecting until CONNECT
+    conn._ping_tick()  # the first PING goes out anyway: it measures the round trip
+    assert output(conn, transport) == b"PING\r\n"
+    conn.data_received(b"PONG\r\n")
     conn._ping_tick()  # data arrived within the interval: no PING needed
     assert output(conn, transport) == b""
     conn._ping_tick()
@@ -250,6 +255,27 @@ async def test_stale_connection() -> None:
     conn._ping_tick()  # a third unanswered PING would exceed the limit
     assert output(conn, transport) == b"-ERR 'Stale Connection'\r\n"
     gone(conn, transport)
+
+
+async def test_rtt_is_measured_by_the_servers_ping(monkeypatch: pytest.MonkeyPatch) -> None:
+    conn, transport = Harness().connect()
+    conn.data_received(b'CONNECT {"verbose":false}\r\n')
+    output(conn, transport)
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now)
+    conn._ping_tick()
+    assert output(conn, transport) == b"PING\r\n"
+    monkeypatch.setattr(time, "time", lambda: now + 0.0025)
+    conn.data_received(b"PONG\r\n")
+    assert conn.rtt_ns == pytest.approx(2_500_000, abs=1000)
+    # Busy clients are not pinged again within the hour ...
+    conn._ping_tick()
+    assert output(conn, transport) == b""
+    # ... but past it the round trip is measured afresh.
+    monkeypatch.setattr(time, "time", lambda: now + 3601)
+    conn.data_received(b"SUB a 1\r\n")
+    conn._ping_tick()
+    assert output(conn, transport) == b"PING\r\n"
 
 
 async def test_pong_resets_the_count() -> None:

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tether.engine.broker import Broker
+from tether.engine.clock import go_duration
 from tether.engine.consumers import ConsumerRegistry
 from tether.engine.subjects import is_valid_subject, subject_matches
 from tether.protocol.numbers import parse_uint
@@ -126,6 +127,13 @@ def _duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs}s"
     return f"{secs}s"
+
+
+def _rtt(ns: int) -> str:
+    """nats-server's ``getRTT``: Go duration text, whole microseconds below 1 ms."""
+    if 1000 < ns < 1_000_000:
+        ns -= ns % 1000
+    return go_duration(ns)
 
 
 def _page(items: list[Any], offset: int, limit: int) -> list[Any]:
@@ -239,6 +247,7 @@ def routes(app: Monitored) -> list[Route]:
         "last": lambda c: -c.last_read,
         "idle": lambda c: c.last_read,
         "uptime": lambda c: c.started_at,
+        "rtt": lambda c: -c.rtt_ns,
     }
 
     def connz(request: Request) -> dict[str, Any] | Response:
@@ -256,7 +265,7 @@ def routes(app: Monitored) -> list[Route]:
         sort = request.query_params.get("sort", "cid") or "cid"
         if sort in ("stop", "reason") and state == "open":
             raise BadQuery(f"Sort by {sort!r} only valid on closed connections")
-        if sort not in sorts and sort not in ("stop", "reason", "rtt"):
+        if sort not in sorts and sort not in ("stop", "reason"):
             raise BadQuery(f"invalid sorting option: {sort}")
         # Closed connections are not kept: state=closed lists none.
         conns = [] if state == "closed" else list(nats.connections.values())
@@ -480,7 +489,7 @@ def _conn_info(
         "port": conn.remote[1],
         "start": _rfc3339(conn.started_at),
         "last_activity": _rfc3339(conn.last_read),
-        "rtt": "0s",
+        "rtt": _rtt(conn.rtt_ns),
         "uptime": _duration(now - conn.started_at),
         "idle": _duration(now - conn.last_read),
         "pending_bytes": conn.pending_bytes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import socket
 import time
 from typing import Any, Protocol, cast
@@ -47,6 +48,9 @@ log = logging.getLogger("tether.nats")
 
 # Seconds a closed connection keeps reading what its peer still sends (see ``_close``).
 LINGER = 2.0
+NS = 1_000_000_000
+FIRST_PING = 2.0  # nats-server's firstClientPingInterval
+RTT_REFRESH = 3600.0  # ... and DEFAULT_RTT_MEASUREMENT_INTERVAL
 
 CRLF = b"\r\n"
 CREDENTIALS_EXPIRED = "User Authentication Expired"
@@ -157,6 +161,10 @@ class ClientConnection(asyncio.Protocol):
         self._flush_handle: asyncio.Handle | None = None
         self._pings_out = 0
         self._got_data = False
+        # Round trip to the client in ns (/connz "rtt"): estimated at CONNECT, measured
+        # by each PING this server sends; 0 until then.
+        self.rtt_ns = 0
+        self._rtt_start = 0.0  # when the last PING went out (0: never)
         self._first_pong_sent = False
         self._ping_timer: asyncio.TimerHandle | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
@@ -469,18 +477,37 @@ class ClientConnection(asyncio.Protocol):
         self.write(encode_err(message))
 
     # -- timers ------------------------------------------------------------------------
+    def _first_ping(self) -> None:
+        """As nats-server does once a client connects: the first PING goes out soon
+        (at most 2 s, plus up to a fifth at random so that many clients connecting at
+        once are not pinged at once) to measure the round trip; later ones every
+        ``ping_interval``."""
+        interval = self.server.config.ping_interval
+        if interval <= 0:
+            return
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+        delay = min(interval, FIRST_PING)
+        delay += random.uniform(0, delay / 5)
+        self._ping_timer = self._loop.call_later(delay, self._ping_tick)
+
     def _ping_tick(self) -> None:
         if self.closing:
             return
         cfg = self.server.config
-        if self._got_data:
+        # A round trip not measured yet, or measured over an hour ago, is worth a PING
+        # even to a busy client.
+        need_rtt = not self._rtt_start or time.time() - self._rtt_start > RTT_REFRESH
+        if self._got_data and not need_rtt:
             # Data from the client within the interval proves it alive: no PING needed.
             self._got_data = False
         else:
+            self._got_data = False
             if self._pings_out + 1 > cfg.max_pings_out:
                 self.close_with_error(errors.STALE_CONNECTION)
                 return
             self._pings_out += 1
+            self._rtt_start = time.time()
             self.write(PING)
         self._ping_timer = self._loop.call_later(cfg.ping_interval, self._ping_tick)
 
@@ -525,6 +552,8 @@ class ClientConnection(asyncio.Protocol):
             self._auth_timer.cancel()
             self._auth_timer = None
         self.connected = True
+        self.rtt_ns = max(1, int((time.time() - self.started_at) * NS))
+        self._first_ping()
         # Like Go's JSON decoding into the existing options: absent fields keep their value.
         if opts.verbose is not None:
             self.verbose = opts.verbose
@@ -816,6 +845,8 @@ class ClientConnection(asyncio.Protocol):
         if self._run_payloads:
             self._end_run()
         self._pings_out = 0
+        if self._rtt_start:
+            self.rtt_ns = max(1, int((time.time() - self._rtt_start) * NS))
 
     # -- ops a client sends only by mistake; handled as nats-server handles them ---------
     def on_info(self, info: bytes) -> None:

@@ -582,6 +582,8 @@ class JetStreamApi:
                 info["lang"] = conn.lang
             if conn.version:
                 info["ver"] = conn.version
+            if conn.rtt_ns:
+                info["rtt"] = conn.rtt_ns
         info["server"] = self.server_id
         info["kind"] = "Client"
         if conn is not None:
