@@ -166,6 +166,7 @@ class JetStreamApi:
         self.server_id = ""
         # Mirrors' and sources' state for stream infos (set by whoever runs them).
         self.sourcing: SourcingService | None = None
+        self._advising = False  # stream advisories, once the streams at start are loaded
         self._register_stream_routes()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -178,6 +179,7 @@ class JetStreamApi:
         self._fast_batches = FastBatches(self.broker, self._send_reply)
         for stream in self.broker.streams.values():
             self.on_stream_changed(stream)
+        self._advising = True  # streams loaded at start are not news
 
     def _send_reply(self, to: str, body: bytes) -> None:
         self.router.publish(None, to, "", None, body)
@@ -230,7 +232,8 @@ class JetStreamApi:
 
     # -- broker listener ------------------------------------------------------------------------
     def on_stream_changed(self, stream: Stream) -> None:
-        for sub in self._captures.pop(stream.name, []):
+        old = self._captures.pop(stream.name, None)
+        for sub in old or []:
             self.router.unsubscribe_internal(sub)
         name = stream.name
         subs: list[InternalSubscription] = []
@@ -272,10 +275,19 @@ class JetStreamApi:
             subs.append(self.router.subscribe_internal(prefix, direct))
             subs.append(self.router.subscribe_internal(prefix + ".>", direct))
         self._captures[name] = subs
+        # Advised here rather than by the API handlers: a stream made or changed through
+        # the HTTP or NSQ front door is announced to NATS subscribers as well.
+        if self._advising:
+            if old is None:
+                self._stream_action(name, "create", "CREATED")
+            else:
+                self._stream_action(name, "modify", "UPDATED")
 
     def on_stream_deleted(self, stream: Stream) -> None:
         for sub in self._captures.pop(stream.name, []):
             self.router.unsubscribe_internal(sub)
+        if self._advising:
+            self._stream_action(stream.name, "delete", "DELETED")
         self._pub_ack_prefix.pop(stream.name, None)
         self._fast_batches.drop_stream(stream.name)
 
@@ -707,16 +719,13 @@ class JetStreamApi:
 
     async def _stream_create(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
-        stream, created = await self.broker.create_stream(name, requests.checked_body(p))
-        if created:
-            self._stream_action(name, "create", "CREATED")
+        stream, _ = await self.broker.create_stream(name, requests.checked_body(p))
         # nats-server answers an identical re-create exactly like the create.
         return {**self._stream_body(stream), "did_create": True}
 
     async def _stream_update(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         name = self._one_name(args)
         stream = await self.broker.update_stream(name, requests.checked_body(p))
-        self._stream_action(name, "modify", "UPDATED")
         return self._stream_body(stream)
 
     async def _stream_info(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
@@ -738,7 +747,6 @@ class JetStreamApi:
                     "the HTTP API to delete its consumers first",
                 )
         await self.broker.delete_stream(name)
-        self._stream_action(name, "delete", "DELETED")
         return {"success": True}
 
     async def _stream_purge(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
