@@ -115,8 +115,13 @@ class NsqHttp:
             "/topic/tombstone": ("POST", self._tombstone, True),
         }
         if lookupd_only:
+            # nsqlookupd's write routes: on the HTTP port these paths are nsqd's.
             lookup["/info"] = ("GET", self._lookupd_info, True)
             lookup["/channels"] = ("GET", self._channels, True)
+            lookup["/topic/create"] = ("POST", self._registry_write, True)
+            lookup["/topic/delete"] = ("POST", self._registry_write, True)
+            lookup["/channel/create"] = ("POST", self._registry_write, True)
+            lookup["/channel/delete"] = ("POST", self._registry_write, True)
             self.routes = lookup
             return
         self.routes = {
@@ -438,6 +443,19 @@ class NsqHttp:
     async def _tombstone(self, scope: Scope, receive: Receive, query: Query) -> None:
         self._check_access(scope, b"")
         self.lookupd.tombstone(query)
+
+    async def _registry_write(self, scope: Scope, receive: Receive, query: Query) -> None:
+        """nsqlookupd's ``/topic/create|delete`` and ``/channel/create|delete``: its
+        registrations, not this node's topics (see :mod:`registrations`)."""
+        self._check_access(scope, b"")
+        lookupd = self.lookupd
+        write = {
+            "/topic/create": lookupd.create_topic,
+            "/topic/delete": lookupd.delete_topic,
+            "/channel/create": lookupd.create_channel,
+            "/channel/delete": lookupd.delete_channel,
+        }[scope["path"]]
+        write(query)
 
     # -- /config/:opt ---------------------------------------------------------------------------------
     def _options(self) -> dict[str, Any]:

@@ -9,6 +9,10 @@ nsqd ``/info`` and ``/stats`` (so a peer may be a real nsqd too) every
 leaves out a peer whose last poll failed, until it answers again. Queries never wait for
 a peer: they read the cache. A client given any one node's address (pynsq's and
 nsqjs's ``lookupd_http_addresses``) so finds the producers of a topic on every node.
+
+The answers come from nsqlookupd's registration database, kept from those views
+(:mod:`registrations`), which nsqlookupd's write routes (``/topic/create``,
+``/topic/delete``, ``/channel/create``, ``/channel/delete``, ``/topic/tombstone``) edit.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,13 +28,14 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from tether.protocol.nsq.names import is_valid_name
 from tether.server.nsq.http_common import HttpError, Query
+from tether.server.nsq.registrations import Registrations
 
 log = logging.getLogger("tether.nsq")
 
 JITTER = 0.2
 LOOKUPD_VERSION = "1.3.0"
-TOMBSTONE_LIFETIME = 45.0  # seconds, nsqlookupd's --tombstone-lifetime default
 _ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
 
 
@@ -81,8 +85,7 @@ class Lookupd:
         self.peers = [p.strip() for p in peers if p.strip()]
         self.poll_interval = max(0.1, poll_interval)
         self.views: dict[str, NodeView] = {}  # by peer address, only peers that answered
-        # (topic, "broadcast_address:http_port") → when /topic/tombstone was asked
-        self.tombstones: dict[tuple[str, str], float] = {}
+        self.registrations = Registrations()  # nsqlookupd's, kept from the views
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -145,25 +148,31 @@ class Lookupd:
 
     # -- the views ---------------------------------------------------------------------------
     def nodes(self) -> list[NodeView]:
-        """This node, then each peer that answered its last poll (one per address)."""
+        """This node, then each peer that answered its last poll (one per address); the
+        registrations brought up to date with them."""
         out = [self.local()]
         seen = {out[0].key}
         for view in self.views.values():
             if view.key not in seen:
                 seen.add(view.key)
                 out.append(view)
+        self.registrations.sync((view.key, view.topics) for view in out)
         return out
 
     # -- nsqlookupd's routes -------------------------------------------------------------------
     def lookup(self, query: Query) -> dict[str, Any]:
         topic = _topic(query)
-        holders = [n for n in self.nodes() if topic in n.topics]
-        if not holders:
+        nodes = self.nodes()
+        regs = self.registrations
+        if not regs.has_topic(topic):
             raise HttpError(404, "TOPIC_NOT_FOUND")
+        producers = regs.topic_producers(topic)
         return {
-            "channels": _union(n.topics[topic] for n in holders),
+            "channels": regs.channels(topic),
             "producers": [
-                _peer_info(n.producer) for n in holders if not self._tombstoned(topic, n)
+                _peer_info(n.producer)
+                for n in nodes
+                if n.key in producers and not regs.tombstoned(topic, n.key)
             ],
         }
 
@@ -175,33 +184,56 @@ class Lookupd:
         node = query.get("node")
         if node is None:
             raise HttpError(400, "MISSING_ARG_NODE")
-        now = time.monotonic()
-        self.tombstones = {k: t for k, t in self.tombstones.items() if now - t < TOMBSTONE_LIFETIME}
         for view in self.nodes():
-            if topic in view.topics and _node_name(view) == node:
-                self.tombstones[(topic, node)] = now
+            if _node_name(view) == node and view.key in self.registrations.topic_producers(topic):
+                self.registrations.tombstone(topic, view.key)
                 log.info("nsq lookupd: tombstone for %s of topic %s", node, topic)
 
-    def _tombstoned(self, topic: str, view: NodeView) -> bool:
-        since = self.tombstones.get((topic, _node_name(view)))
-        return since is not None and time.monotonic() - since < TOMBSTONE_LIFETIME
-
     def topics(self) -> dict[str, Any]:
-        return {"topics": _union(list(n.topics) for n in self.nodes())}
+        self.nodes()
+        return {"topics": self.registrations.topics()}
 
     def channels(self, query: Query) -> dict[str, Any]:
         topic = _topic(query)
-        return {"channels": _union(n.topics.get(topic, []) for n in self.nodes())}
+        self.nodes()
+        return {"channels": self.registrations.channels(topic)}
 
     def node_list(self) -> dict[str, Any]:
         producers = []
+        regs = self.registrations
         for node in self.nodes():
-            topics = sorted(node.topics)
-            tombstones = [self._tombstoned(topic, node) for topic in topics]
+            topics = regs.topics(node.key)
+            tombstones = [regs.tombstoned(topic, node.key) for topic in topics]
             producers.append(
                 {**_peer_info(node.producer), "tombstones": tombstones, "topics": topics}
             )
         return {"producers": producers}
+
+    # nsqlookupd's write routes: its registrations only, never a node's topics.
+    def create_topic(self, query: Query) -> None:
+        topic = _valid(_topic(query), "INVALID_ARG_TOPIC")
+        self.nodes()
+        self.registrations.create_topic(topic)
+        log.info("nsq lookupd: adding topic(%s)", topic)
+
+    def delete_topic(self, query: Query) -> None:
+        topic = _topic(query)  # not checked, as nsqlookupd's (an invalid one is not there)
+        self.nodes()
+        self.registrations.delete_topic(topic)
+        log.info("nsq lookupd: removing topic(%s) and its channels", topic)
+
+    def create_channel(self, query: Query) -> None:
+        topic, channel = _topic_channel(query)
+        self.nodes()
+        self.registrations.create_channel(topic, channel)
+        log.info("nsq lookupd: adding channel(%s) in topic(%s)", channel, topic)
+
+    def delete_channel(self, query: Query) -> None:
+        topic, channel = _topic_channel(query)
+        self.nodes()
+        if not self.registrations.delete_channel(topic, channel):
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+        log.info("nsq lookupd: removing channel(%s) from topic(%s)", channel, topic)
 
     @staticmethod
     def info() -> dict[str, Any]:
@@ -215,18 +247,25 @@ def _topic(query: Query) -> str:
     return topic
 
 
+def _valid(name: str, code: str) -> str:
+    if not is_valid_name(name.encode("utf-8", "surrogateescape")):
+        raise HttpError(400, code)
+    return name
+
+
+def _topic_channel(query: Query) -> tuple[str, str]:
+    """nsqlookupd's (and nsqd's) ``GetTopicChannelArgs``: checked in this order."""
+    topic = _valid(_topic(query), "INVALID_ARG_TOPIC")
+    channel = query.get("channel")
+    if channel is None:
+        raise HttpError(400, "MISSING_ARG_CHANNEL")
+    return topic, _valid(channel, "INVALID_ARG_CHANNEL")
+
+
 def _node_name(view: NodeView) -> str:
     """How nsqlookupd names a producer in ``/topic/tombstone``'s ``node``."""
     producer = view.producer
     return f"{producer.get('broadcast_address', '')}:{producer.get('http_port', 0)}"
-
-
-def _union(lists: Any) -> list[str]:
-    seen: dict[str, None] = {}
-    for names in lists:
-        for name in names:
-            seen.setdefault(name, None)
-    return list(seen)
 
 
 def _peer_info(producer: dict[str, Any]) -> dict[str, Any]:
