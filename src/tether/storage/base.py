@@ -149,6 +149,10 @@ class StreamRecord(msgspec.Struct, frozen=True):
     name: str
     config: bytes  # engine-encoded configuration
     created_ns: int
+    # The configuration's ``compression`` ("none" or "s2"), the one setting a backend
+    # applies itself: durable backends store an "s2" stream's payloads compressed
+    # (see compression.py), the memory backend keeps them as they are.
+    compression: str = "none"
 
 
 class ConsumerRecord(msgspec.Struct, frozen=True):

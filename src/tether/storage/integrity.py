@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tether.storage.base import StorageError
 from tether.storage.checksum import checksum, stream_seed
+from tether.storage.compression import decompress
 from tether.storage.manifest import (
     MANIFEST_FILENAME,
     compare,
@@ -40,17 +41,21 @@ __all__ = ["RepairReport", "StoreReport", "StreamReport", "check_store", "repair
 
 SHM_SUFFIX = "-shm"
 REPAIRING = f"{DB_FILENAME}.repairing"
-# A message's columns, in the order of SQL_SCAN.
-_SCAN_COLUMNS = "seq, subject, headers, data, ts, priority, crc"
+# A message's columns, in the order of SQL_SCAN. A database older than schema 3 has
+# no plain_size (every payload as sent) and its streams no compression: NULL and
+# 'none' stand in for them (see _scan_sql).
+_SCAN_COLUMNS = "seq, subject, headers, data, ts, priority, crc, plain_size"
 SQL_SCAN = f"SELECT {_SCAN_COLUMNS} FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq"
 SQL_PROBE = "SELECT seq FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT 1"
 SQL_MESSAGE_STREAMS = "SELECT DISTINCT stream FROM messages"
-SQL_STREAMS = "SELECT name, config, created_ns FROM streams"
+SQL_STREAMS = "SELECT name, config, created_ns, compression FROM streams"
 SQL_CONSUMERS = "SELECT stream, name, config, state, created_ns FROM consumers"
-SQL_INSERT_STREAM = "INSERT INTO streams (name, config, created_ns) VALUES (?, ?, ?)"
+SQL_INSERT_STREAM = (
+    "INSERT INTO streams (name, config, created_ns, compression) VALUES (?, ?, ?, ?)"
+)
 SQL_INSERT_SEQ = "INSERT INTO stream_seq (stream, last_seq) VALUES (?, ?)"
 SQL_INSERT_MESSAGE = (
-    f"INSERT INTO messages (stream, {_SCAN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO messages (stream, {_SCAN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 SQL_INSERT_CONSUMER = (
     "INSERT INTO consumers (stream, name, config, state, created_ns) VALUES (?, ?, ?, ?, ?)"
@@ -197,14 +202,16 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def _rows(conn: sqlite3.Connection, stream: str, bound: int) -> Iterator[tuple[object, ...] | str]:
+def _rows(
+    conn: sqlite3.Connection, stream: str, bound: int, scan: str = SQL_SCAN
+) -> Iterator[tuple[object, ...] | str]:
     """Every row of ``stream`` in order, and a sentence for each stretch that could not
     be read: the scan skips forward past it (1, 2, 4… sequences) until reads work again,
     up to sequence ``bound``."""
     start = 1
     while True:
         try:
-            for row in conn.execute(SQL_SCAN, (stream, start)):
+            for row in conn.execute(scan, (stream, start)):
                 yield row
                 if isinstance(row[0], int):
                     start = row[0] + 1
@@ -226,9 +233,24 @@ def _rows(conn: sqlite3.Connection, stream: str, bound: int) -> Iterator[tuple[o
             yield f"sequences {failed_at} to {start - 1}: {exc}"
 
 
-def _verifies(stream: str, row: tuple[object, ...]) -> bool:
-    seq, subject, headers, data, ts, priority, crc = row
+def _scan_sql(conn: sqlite3.Connection, sql: str) -> str:
+    """``sql`` as a database of an older schema can answer it."""
     try:
+        columns = {_text(row[1]) for row in conn.execute("PRAGMA table_info(messages)")}
+    except sqlite3.DatabaseError:
+        return sql
+    if columns and "plain_size" not in columns:
+        sql = sql.replace("crc, plain_size", "crc, NULL").replace(
+            "created_ns, compression", "created_ns, 'none'"
+        )
+    return sql
+
+
+def _verifies(stream: str, row: tuple[object, ...]) -> bool:
+    seq, subject, headers, data, ts, priority, crc, plain_size = row
+    try:
+        if plain_size is not None:
+            data = decompress(data, plain_size)  # type: ignore[arg-type]
         computed = checksum(
             stream_seed(stream),
             seq,  # type: ignore[arg-type]
@@ -320,7 +342,7 @@ def _scan_database(
         held = {}
     definitions: dict[str, tuple[object, ...]] = {}
     try:
-        for row in conn.execute(SQL_STREAMS):
+        for row in conn.execute(_scan_sql(conn, SQL_STREAMS)):
             definitions[_text(row[0])] = row
     except sqlite3.DatabaseError as exc:
         report.problems.append(f"cannot read every stream definition: {exc}")
@@ -341,9 +363,10 @@ def _scan_database(
         )
         report.streams.append(stream)
         if copy is not None and name in definitions:
-            copy.execute(SQL_INSERT_STREAM, (name, *definitions[name][1:]))
+            config, created_ns, compression = definitions[name][1:]
+            copy.execute(SQL_INSERT_STREAM, (name, config, created_ns, _text(compression)))
         bound = max(stream.last_seq, stream.claimed or 0)
-        for row in _rows(conn, name, bound):
+        for row in _rows(conn, name, bound, _scan_sql(conn, SQL_SCAN)):
             if isinstance(row, str):
                 stream.unreadable.append(row)
                 continue

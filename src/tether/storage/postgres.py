@@ -44,6 +44,7 @@ from tether.storage.base import (
 )
 from tether.storage.cache import MiB
 from tether.storage.checksum import crc32, head, stream_seed
+from tether.storage.compression import compress, compressing, decompress
 from tether.storage.group_commit import (
     APPEND,
     DELETE_CONSUMER,
@@ -188,9 +189,11 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
 
 SQL_FENCE = "SELECT epoch FROM tether_leader WHERE id = 1 FOR SHARE"
 SQL_PUT_STREAM = (
-    "INSERT INTO tether_streams (name, config, created_ns) VALUES (%s, %s, %s)"
-    " ON CONFLICT (name) DO UPDATE SET config = excluded.config, created_ns = excluded.created_ns"
+    "INSERT INTO tether_streams (name, config, created_ns, compression) VALUES (%s, %s, %s, %s)"
+    " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
+    " created_ns = excluded.created_ns, compression = excluded.compression"
 )
+SQL_COMPRESSING = "SELECT name, compression FROM tether_streams"
 SQL_DELETE_STREAM = (
     "DELETE FROM tether_streams WHERE name = %s",
     "DELETE FROM tether_messages WHERE stream = %s",
@@ -202,10 +205,10 @@ SQL_DELETE_STREAM = (
 # broke during COMMIT): the run replaces them.
 SQL_CLEAR_FROM = "DELETE FROM tether_messages WHERE stream = %s AND seq >= %s"
 SQL_COPY_MESSAGES = (
-    "COPY tether_messages (stream, seq, subject, headers, data, ts, priority, crc)"
+    "COPY tether_messages (stream, seq, subject, headers, data, ts, priority, crc, plain_size)"
     " FROM STDIN (FORMAT BINARY)"
 )
-COPY_TYPES = ["text", "int8", "text", "bytea", "bytea", "int8", "int4", "int8"]
+COPY_TYPES = ["text", "int8", "text", "bytea", "bytea", "int8", "int4", "int8", "int8"]
 SQL_RAISE_LAST_SEQ = (
     "INSERT INTO tether_stream_seq (stream, last_seq) VALUES (%s, %s)"
     " ON CONFLICT (stream) DO UPDATE"
@@ -221,21 +224,21 @@ SQL_PUT_CONSUMER = (
 SQL_PUT_CONSUMER_STATE = "UPDATE tether_consumers SET state = %s WHERE stream = %s AND name = %s"
 SQL_DELETE_CONSUMER = "DELETE FROM tether_consumers WHERE stream = %s AND name = %s"
 
-SQL_LOAD_STREAMS = "SELECT name, config, created_ns FROM tether_streams ORDER BY name"
+SQL_LOAD_STREAMS = "SELECT name, config, created_ns, compression FROM tether_streams ORDER BY name"
 SQL_LOAD_CONSUMERS = (
     "SELECT stream, name, config, state, created_ns FROM tether_consumers"
     " WHERE stream = %s ORDER BY name"
 )
 SQL_LOAD_LAST_SEQ = "SELECT last_seq FROM tether_stream_seq WHERE stream = %s"
 # The parameters: the stream's overhead per message with and without headers (Sizing),
-# twice, then the stream.
+# twice, then the stream. A compressed payload counts its plain size.
 _OVERHEAD = "CASE WHEN octet_length(headers) > 0 THEN %s ELSE %s END"
 SQL_LOAD_INDEX = (
-    "SELECT seq, subject, octet_length(subject) + octet_length(headers) + octet_length(data)"
-    f" + {_OVERHEAD}, ts, priority, {_OVERHEAD} FROM tether_messages WHERE stream = %s"
-    " ORDER BY seq"
+    "SELECT seq, subject, octet_length(subject) + octet_length(headers)"
+    f" + coalesce(plain_size, octet_length(data)) + {_OVERHEAD}, ts, priority, {_OVERHEAD}"
+    " FROM tether_messages WHERE stream = %s ORDER BY seq"
 )
-_COLUMNS = "seq, subject, headers, data, ts, priority, crc"
+_COLUMNS = "seq, subject, headers, data, ts, priority, crc, plain_size"
 SQL_READ = f"SELECT {_COLUMNS} FROM tether_messages WHERE stream = %s AND seq = %s"
 SQL_READ_RANGE = (
     f"SELECT {_COLUMNS} FROM tether_messages WHERE stream = %s AND seq >= %s ORDER BY seq LIMIT %s"
@@ -291,6 +294,8 @@ class _Writer:
         self._on_fenced = on_fenced
         self._conn: psycopg.Connection[Any] | None = None
         self.fenced: Fenced | None = None
+        # The streams whose payloads are stored compressed (see _Transaction).
+        self.compressing: set[str] = set()
         self.sync_seconds = Histogram(LATENCY_BUCKETS)  # the COMMIT round trip alone
 
     @property
@@ -317,6 +322,11 @@ class _Writer:
         pg = require_psycopg()
         try:
             migrate(conn)
+            self.compressing = {
+                name
+                for name, codec in conn.execute(SQL_COMPRESSING).fetchall()
+                if compressing(codec)
+            }
         except BaseException as exc:
             self._drop()  # no teardown follows a failed setup
             if isinstance(exc, pg.Error):
@@ -344,7 +354,7 @@ class _Writer:
                     current = None if row is None else int(row[0])
                     if current != self.epoch:
                         raise Fenced(self.epoch, current)
-                txn = _Transaction(conn)
+                txn = _Transaction(conn, self.compressing)
                 for ops in batches:
                     txn.apply(ops)
                 txn.finish()
@@ -384,7 +394,7 @@ class _Writer:
             """Apply ops[lo:hi] in a savepoint; False: give up."""
             try:
                 with conn.transaction():
-                    txn = _Transaction(conn)
+                    txn = _Transaction(conn, self.compressing)
                     txn.apply(ops[lo:hi])
                     txn.finish()
             except Exception as exc:
@@ -439,32 +449,44 @@ class _Transaction:
     Appends are buffered until an op that touches messages needs them in place, then
     written with one COPY; consumer states are coalesced (the last one wins) until an
     op that touches consumers needs them in place; each stream's high-water mark is
-    raised once, at the end. Every row carries its checksum, computed here.
+    raised once, at the end. Every row carries its checksum, computed here over the
+    message as sent. The payload of a stream in ``compressing`` is compressed here too,
+    when that saves bytes; each stream definition written keeps ``compressing`` up to
+    date (one whose commit fails leaves it ahead, which only changes the form of some
+    rows: every row says how it is stored).
     """
 
-    __slots__ = ("_conn", "_first", "_rows", "_states", "last_seqs")
+    __slots__ = ("_compressing", "_conn", "_first", "_rows", "_states", "last_seqs")
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], compressing: set[str]) -> None:
         self._conn = conn
-        self._rows: list[tuple[str, int, str, bytes, bytes, int, int, int]] = []
+        self._compressing = compressing
+        self._rows: list[tuple[str, int, str, bytes, bytes, int, int, int, int | None]] = []
         self._first: dict[str, int] = {}  # stream -> first seq buffered
         self._states: dict[tuple[str, str], bytes] = {}
         self.last_seqs: dict[str, int] = {}
 
     def apply(self, ops: list[Op]) -> None:
         conn, rows, last_seqs, first = self._conn, self._rows, self.last_seqs, self._first
-        seed_of, seed = "", 0
+        seed_of, seed, squeeze = "", 0, False
         for op in ops:
             if op[0] == APPEND:
                 stream, m = op[1], op[2]
                 if stream != seed_of:
                     seed_of, seed = stream, stream_seed(stream)
+                    squeeze = stream in self._compressing
                 seq, ts, priority, headers, data = m.seq, m.ts, m.priority, m.headers, m.data
                 s = m.subject.encode()
                 crc = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
                 if headers:
                     crc = crc32(headers, crc)
-                rows.append((stream, seq, m.subject, headers, data, ts, priority, crc32(data, crc)))
+                crc = crc32(data, crc)
+                plain_size = None
+                if squeeze:
+                    packed = compress(data)
+                    if packed is not None:
+                        data, plain_size = packed, len(data)
+                rows.append((stream, seq, m.subject, headers, data, ts, priority, crc, plain_size))
                 if stream not in first:
                     first[stream] = seq
                 if seq > last_seqs.get(stream, 0):
@@ -479,12 +501,19 @@ class _Transaction:
                 conn.execute(SQL_DELETE_RANGE, (op[1], op[2], op[3]))
             elif op[0] == PUT_STREAM:
                 r = op[1]
-                conn.execute(SQL_PUT_STREAM, (r.name, r.config, r.created_ns))
+                conn.execute(SQL_PUT_STREAM, (r.name, r.config, r.created_ns, r.compression))
+                if compressing(r.compression):
+                    self._compressing.add(r.name)
+                else:
+                    self._compressing.discard(r.name)
+                seed_of = ""  # the next append looks its stream up again
             elif op[0] == DELETE_STREAM:
                 self._flush_rows()
                 self._flush_states()
                 stream = op[1]
                 last_seqs.pop(stream, None)  # the high-water mark goes with the stream
+                self._compressing.discard(stream)
+                seed_of = ""
                 for sql in SQL_DELETE_STREAM:
                     conn.execute(sql, (stream,))
             elif op[0] == PUT_CONSUMER:
@@ -529,15 +558,23 @@ class _Transaction:
 
 # -- reads ------------------------------------------------------------------------------
 
-Row = tuple[int, str, bytes, bytes, int, int, int]
+# (seq, subject, headers, data, ts, priority, crc, plain_size): a row whose plain_size
+# is not NULL holds its payload compressed.
+Row = tuple[int, str, bytes, bytes, int, int, int, int | None]
 
 
 def _verified(stream: str, rows: Sequence[Row]) -> list[StoredMessage]:
-    """The messages of ``rows``, each checked against its checksum."""
+    """The messages of ``rows`` (payloads decompressed), each checked against its
+    checksum."""
     seed = stream_seed(stream)
     out: list[StoredMessage] = []
     add = out.append
-    for seq, subject, headers, data, ts, priority, crc in rows:
+    for seq, subject, headers, data, ts, priority, crc, plain_size in rows:
+        if plain_size is not None:
+            try:
+                data = decompress(data, plain_size)
+            except ValueError:
+                raise CorruptMessage(stream, seq, " in the PostgreSQL store") from None
         s = subject.encode()
         c = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
         if headers:
@@ -683,8 +720,8 @@ class PostgresStore(ThreadedStore[_Writer, "psycopg.Connection[Any]"]):
     async def load_streams(self) -> list[StreamRecord]:
         def load(conn: psycopg.Connection[Any]) -> list[StreamRecord]:
             return [
-                StreamRecord(name, bytes(config), created)
-                for name, config, created in conn.execute(SQL_LOAD_STREAMS).fetchall()
+                StreamRecord(name, bytes(config), created, compression)
+                for name, config, created, compression in conn.execute(SQL_LOAD_STREAMS).fetchall()
             ]
 
         return await self._run_read(load)
@@ -737,7 +774,7 @@ class PostgresStore(ThreadedStore[_Writer, "psycopg.Connection[Any]"]):
             if max_bytes > 0:
                 total = 0
                 for i, row in enumerate(rows):
-                    total += len(row[1]) + len(row[2]) + len(row[3]) + 16
+                    total += len(row[1]) + len(row[2]) + (row[7] or len(row[3])) + 16
                     if i and total > max_bytes:
                         rows = rows[:i]
                         break

@@ -41,6 +41,7 @@ from tether.storage.base import (
 )
 from tether.storage.cache import MiB
 from tether.storage.checksum import checksum, crc32, head, stream_seed
+from tether.storage.compression import compress, compressing, decompress
 from tether.storage.group_commit import (
     APPEND,
     DELETE_CONSUMER,
@@ -72,7 +73,8 @@ T = TypeVar("T")
 DB_FILENAME = "tether.db"
 WAL_SUFFIX = "-wal"
 # 1: the first schema. 2: ``messages.crc``, each message's checksum (see checksum.py).
-SCHEMA_VERSION = 2
+# 3: ``streams.compression`` and ``messages.plain_size`` (see compression.py).
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 5000
 
 # -- SQL --------------------------------------------------------------------------------
@@ -84,7 +86,8 @@ BEGIN IMMEDIATE;
 CREATE TABLE IF NOT EXISTS streams (
     name TEXT NOT NULL PRIMARY KEY,
     config BLOB NOT NULL,
-    created_ns INTEGER NOT NULL
+    created_ns INTEGER NOT NULL,
+    compression TEXT NOT NULL DEFAULT 'none'
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS stream_seq (
     stream TEXT NOT NULL PRIMARY KEY,
@@ -99,6 +102,7 @@ CREATE TABLE IF NOT EXISTS messages (
     ts INTEGER NOT NULL,
     priority INTEGER NOT NULL,
     crc INTEGER NOT NULL,
+    plain_size INTEGER,
     PRIMARY KEY (stream, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS consumers (
@@ -135,6 +139,16 @@ UPDATE messages SET crc = tether_checksum(stream, seq, subject, headers, data, t
 PRAGMA user_version = 2;
 COMMIT;
 """
+# Version 2 to 3: streams say how their payloads are stored; a row whose ``plain_size``
+# is not NULL holds its payload compressed (that many bytes once decompressed). Every
+# row written before is stored as sent: NULL.
+SQL_MIGRATE_2_TO_3 = """
+BEGIN IMMEDIATE;
+ALTER TABLE streams ADD COLUMN compression TEXT NOT NULL DEFAULT 'none';
+ALTER TABLE messages ADD COLUMN plain_size INTEGER;
+PRAGMA user_version = 3;
+COMMIT;
+"""
 # Each stream's last sequence: the high-water mark, or for a stream with no mark yet 0.
 SQL_HELD = (
     "SELECT name, coalesce((SELECT last_seq FROM stream_seq WHERE stream = name), 0)"
@@ -148,7 +162,10 @@ SQL_RELEASE_SAVEPOINT = "RELEASE probe"
 SQL_COMMIT = "COMMIT"
 SQL_ROLLBACK = "ROLLBACK"
 
-SQL_PUT_STREAM = "INSERT OR REPLACE INTO streams (name, config, created_ns) VALUES (?, ?, ?)"
+SQL_PUT_STREAM = (
+    "INSERT OR REPLACE INTO streams (name, config, created_ns, compression) VALUES (?, ?, ?, ?)"
+)
+SQL_COMPRESSING = "SELECT name, compression FROM streams"
 SQL_DELETE_STREAM = (
     "DELETE FROM streams WHERE name = ?",
     "DELETE FROM messages WHERE stream = ?",
@@ -156,10 +173,10 @@ SQL_DELETE_STREAM = (
     "DELETE FROM stream_seq WHERE stream = ?",
 )
 SQL_APPEND_INTO = (
-    "INSERT OR REPLACE INTO messages (stream, seq, subject, headers, data, ts, priority, crc)"
-    " VALUES "
+    "INSERT OR REPLACE INTO messages"
+    " (stream, seq, subject, headers, data, ts, priority, crc, plain_size) VALUES "
 )
-APPEND_COLUMNS = 8
+APPEND_COLUMNS = 9
 # Appends are written by statements of several rows each (``VALUES (…), (…), …``):
 # sqlite3 releases and re-takes the GIL around every statement step, so one row per
 # step (executemany) means one GIL round trip per message, each a wait while the
@@ -181,7 +198,7 @@ def _blob(value: bytes) -> bytes | bytearray:
 @functools.lru_cache(maxsize=16)
 def sql_append_rows(rows: int) -> str:
     """The append statement for ``rows`` rows at once."""
-    return SQL_APPEND_INTO + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return SQL_APPEND_INTO + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
 
 
 SQL_RAISE_LAST_SEQ = (
@@ -197,35 +214,34 @@ SQL_PUT_CONSUMER = (
 SQL_PUT_CONSUMER_STATE = "UPDATE consumers SET state = ? WHERE stream = ? AND name = ?"
 SQL_DELETE_CONSUMER = "DELETE FROM consumers WHERE stream = ? AND name = ?"
 
-SQL_LOAD_STREAMS = "SELECT name, config, created_ns FROM streams ORDER BY name"
+SQL_LOAD_STREAMS = "SELECT name, config, created_ns, compression FROM streams ORDER BY name"
 SQL_LOAD_CONSUMERS = (
     "SELECT stream, name, config, state, created_ns FROM consumers WHERE stream = ? ORDER BY name"
 )
 SQL_LOAD_LAST_SEQ = "SELECT last_seq FROM stream_seq WHERE stream = ?"
 # length() of a BLOB is read from the record header, so the payloads are not loaded.
-# ?2 and ?3: the stream's overhead per message without and with headers (Sizing).
+# ?2 and ?3: the stream's overhead per message without and with headers (Sizing). A
+# compressed payload counts its plain size, as every size a client sees does.
 _OVERHEAD = "CASE WHEN length(headers) > 0 THEN ?3 ELSE ?2 END"
 SQL_LOAD_INDEX = (
-    "SELECT seq, subject, length(CAST(subject AS BLOB)) + length(headers) + length(data)"
+    "SELECT seq, subject, length(CAST(subject AS BLOB)) + length(headers)"
+    " + coalesce(plain_size, length(data))"
     f" + {_OVERHEAD},"
     f" ts, priority, {_OVERHEAD} FROM messages WHERE stream = ?1 ORDER BY seq"
 )
-# Every read of messages returns these columns, the checksum last, and verifies it.
-SQL_READ = (
-    "SELECT seq, subject, headers, data, ts, priority, crc FROM messages"
-    " WHERE stream = ? AND seq = ?"
-)
+# Every read of messages returns these columns, the checksum then the plain size of a
+# compressed payload last, and verifies the checksum.
+_COLUMNS = "seq, subject, headers, data, ts, priority, crc, plain_size"
+SQL_READ = f"SELECT {_COLUMNS} FROM messages WHERE stream = ? AND seq = ?"
 SQL_READ_RANGE = (
-    "SELECT seq, subject, headers, data, ts, priority, crc FROM messages"
-    " WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT ?"
+    f"SELECT {_COLUMNS} FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT ?"
 )
 SQL_READ_ROWS = (
-    "SELECT seq, subject, headers, data, ts, priority, crc FROM messages"
-    " WHERE stream = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?"
+    f"SELECT {_COLUMNS} FROM messages WHERE stream = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?"
 )
 # The sequences arrive as one JSON array: one statement whatever their number.
 SQL_READ_MANY = (
-    "SELECT seq, subject, headers, data, ts, priority, crc FROM messages"
+    f"SELECT {_COLUMNS} FROM messages"
     " WHERE stream = ? AND seq IN (SELECT value FROM json_each(?)) ORDER BY seq"
 )
 
@@ -264,14 +280,22 @@ def _legacy_checksum(
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring an older schema up to :data:`SCHEMA_VERSION` (no-op for a new database)."""
     columns = {row[0] for row in conn.execute(SQL_MESSAGE_COLUMNS)}
-    if columns and "crc" not in columns:
+    if not columns:
+        return
+    if "crc" not in columns:
         conn.create_function("tether_checksum", 7, _legacy_checksum, deterministic=True)
-        try:
-            conn.executescript(SQL_MIGRATE_1_TO_2)
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute(SQL_ROLLBACK)
-            raise
+        _migrate_step(conn, SQL_MIGRATE_1_TO_2)
+    if "plain_size" not in columns:
+        _migrate_step(conn, SQL_MIGRATE_2_TO_3)
+
+
+def _migrate_step(conn: sqlite3.Connection, script: str) -> None:
+    try:
+        conn.executescript(script)
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute(SQL_ROLLBACK)
+        raise
 
 
 # -- the writer -------------------------------------------------------------------------
@@ -297,6 +321,9 @@ class _Writer:
         # True when ``_held`` is ahead of the manifest's claims. Read by the loop thread,
         # after the settlement of the commit that set it, to schedule a refresh.
         self.manifest_dirty = False
+        # The streams whose payloads are stored compressed, as of the last stream
+        # definition written (see _Transaction).
+        self.compressing: set[str] = set()
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -397,6 +424,7 @@ class _Writer:
         migrate(conn)
         conn.executescript(SQL_SCHEMA)
         self._held = held_streams(conn)
+        self.compressing = {n for n, codec in conn.execute(SQL_COMPRESSING) if compressing(codec)}
 
     def teardown(self) -> None:
         conn, self._conn = self._conn, None
@@ -475,7 +503,7 @@ class _Writer:
             if conn.in_transaction:  # left over by a failed ROLLBACK
                 conn.execute(SQL_ROLLBACK)
             conn.execute(SQL_BEGIN)
-            txn = _Transaction(conn, self._unclaim)
+            txn = _Transaction(conn, self._unclaim, self.compressing)
             for ops in batches:
                 txn.apply(ops)
             txn.finish()
@@ -512,7 +540,9 @@ class _Writer:
             """Apply ops[lo:hi], keeping what can be kept; False: give up."""
             conn.execute(SQL_SAVEPOINT)
             try:
-                txn = _Transaction(conn, lambda _stream: None)  # no manifest bookkeeping
+                # No manifest bookkeeping; the commit that follows applies the same
+                # stream definitions again.
+                txn = _Transaction(conn, lambda _stream: None, self.compressing)
                 txn.apply(ops[lo:hi])
                 txn.finish()
             except Exception as exc:
@@ -576,16 +606,32 @@ class _Transaction:
     that touches consumers needs them in place. Each stream's high-water mark is
     raised once, at the end.
 
-    Every appended row carries its checksum, computed here on the writer thread.
+    Every appended row carries its checksum, computed here on the writer thread, over
+    the message as sent. The payload of a stream in ``compressing`` is compressed here
+    too, when that saves bytes; each stream definition written keeps ``compressing`` up
+    to date. A definition whose commit then fails leaves it ahead of the database, which
+    costs nothing but the form of some rows: every row says how it is stored.
     ``last_seqs`` and ``streams`` (created: True, deleted: False) tell the writer what
     the transaction changed; ``unclaim(stream)`` runs before a stream is deleted.
     """
 
-    __slots__ = ("_conn", "_params", "_states", "_unclaim", "last_seqs", "streams")
+    __slots__ = (
+        "_compressing",
+        "_conn",
+        "_params",
+        "_states",
+        "_unclaim",
+        "last_seqs",
+        "streams",
+    )
 
-    def __init__(self, conn: sqlite3.Connection, unclaim: Callable[[str], None]) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, unclaim: Callable[[str], None], compressing: set[str]
+    ) -> None:
         self._conn = conn
-        self._params: list[str | int | bytes | bytearray] = []  # APPEND_COLUMNS per buffered row
+        self._compressing = compressing
+        # APPEND_COLUMNS per buffered row
+        self._params: list[str | int | bytes | bytearray | None] = []
         self._states: dict[tuple[str, str], bytes] = {}
         self._unclaim = unclaim
         self.last_seqs: dict[str, int] = {}
@@ -593,18 +639,26 @@ class _Transaction:
 
     def apply(self, ops: list[Op]) -> None:
         conn, params, last_seqs = self._conn, self._params, self.last_seqs
-        seed_of, seed = "", 0  # the stream whose checksum seed is ``seed``
+        # The stream whose checksum seed is ``seed``, and whether it compresses.
+        seed_of, seed, squeeze = "", 0, False
         for op in ops:
             if op[0] == APPEND:
                 stream, m = op[1], op[2]
                 if stream != seed_of:
                     seed_of, seed = stream, stream_seed(stream)
+                    squeeze = stream in self._compressing
                 # checksum(), inlined: this runs for every message published.
                 seq, ts, priority, headers, data = m.seq, m.ts, m.priority, m.headers, m.data
                 s = m.subject.encode()
                 crc = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
                 if headers:
                     crc = crc32(headers, crc)
+                crc = crc32(data, crc)
+                plain_size = None
+                if squeeze:
+                    packed = compress(data)
+                    if packed is not None:
+                        data, plain_size = packed, len(data)
                 params += (
                     stream,
                     seq,
@@ -613,7 +667,8 @@ class _Transaction:
                     _blob(data),
                     ts,
                     priority,
-                    crc32(data, crc),
+                    crc,
+                    plain_size,
                 )
                 if seq > last_seqs.get(stream, 0):
                     last_seqs[stream] = seq
@@ -628,14 +683,24 @@ class _Transaction:
                 conn.execute(SQL_DELETE_RANGE, (op[1], op[2], op[3]))
             elif op[0] == PUT_STREAM:
                 record = op[1]
-                conn.execute(SQL_PUT_STREAM, (record.name, record.config, record.created_ns))
+                conn.execute(
+                    SQL_PUT_STREAM,
+                    (record.name, record.config, record.created_ns, record.compression),
+                )
                 self.streams[record.name] = True
+                if compressing(record.compression):
+                    self._compressing.add(record.name)
+                else:
+                    self._compressing.discard(record.name)
+                seed_of = ""  # the next append looks its stream up again
             elif op[0] == DELETE_STREAM:
                 self._flush_rows()
                 self._flush_states()
                 stream = op[1]
                 self._unclaim(stream)
                 self.streams[stream] = False
+                self._compressing.discard(stream)
+                seed_of = ""
                 last_seqs.pop(stream, None)  # the high-water mark goes with the stream
                 for sql in SQL_DELETE_STREAM:
                     conn.execute(sql, (stream,))
@@ -679,11 +744,12 @@ class _Transaction:
 
 
 # -- reads (on the reader threads) ------------------------------------------------------
-# Rows come back as (seq, subject, headers, data, ts, priority, crc). Each is checked
-# against its checksum before anything of it is returned: a damaged message raises
-# CorruptMessage, it is never served as content.
+# Rows come back as (seq, subject, headers, data, ts, priority, crc, plain_size). A
+# compressed payload is decompressed first, then each row is checked against its
+# checksum (of the message as sent) before anything of it is returned: a damaged
+# message raises CorruptMessage, it is never served as content.
 
-Row = tuple[int, str, bytes, bytes, int, int, int]
+Row = tuple[int, str, bytes, bytes, int, int, int, int | None]
 
 
 def _damage_hint(path: Path) -> str:
@@ -693,7 +759,8 @@ def _damage_hint(path: Path) -> str:
     )
 
 
-# A damaged row may even hold values of the wrong type (a TEXT where a BLOB was).
+# A damaged row may even hold values of the wrong type (a TEXT where a BLOB was), or
+# a compressed payload that does not decompress (ValueError).
 _WRONG_TYPE = (TypeError, AttributeError, ValueError, struct.error)
 
 
@@ -705,7 +772,9 @@ def _verified(stream: str, rows: Sequence[Row], path: Path) -> list[StoredMessag
     add = out.append
     seq = 0
     try:
-        for seq, subject, headers, data, ts, priority, crc in rows:
+        for seq, subject, headers, data, ts, priority, crc, plain_size in rows:
+            if plain_size is not None:
+                data = decompress(data, plain_size)
             s = subject.encode()
             c = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
             if headers:
@@ -719,11 +788,12 @@ def _verified(stream: str, rows: Sequence[Row], path: Path) -> list[StoredMessag
 
 
 def _check_rows(stream: str, rows: list[Row], path: Path) -> None:
-    """Raise CorruptMessage for the first of ``rows`` that does not match its checksum."""
+    """Raise CorruptMessage for the first of ``rows`` that does not match its checksum
+    (rows of plain payloads only)."""
     seed = stream_seed(stream)
     seq = 0
     try:
-        for seq, subject, headers, data, ts, priority, crc in rows:
+        for seq, subject, headers, data, ts, priority, crc, _ in rows:
             s = subject.encode()
             c = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
             if headers:
@@ -757,7 +827,7 @@ def _read_range(
     total = 0
     try:
         for row in cursor:
-            total += len(row[1]) + len(row[2]) + len(row[3]) + 16
+            total += len(row[1]) + len(row[2]) + (row[7] or len(row[3])) + 16
             if rows and total > max_bytes:
                 break
             rows.append(row)
@@ -779,8 +849,10 @@ def _read_columns(
     rows = conn.execute(SQL_READ_ROWS, (stream, start_seq, last_seq, limit)).fetchall()
     if not rows:
         return MessageColumns([], [], [], [], [])
+    seqs, subjects, headers, data, stamps, _, _, sizes = map(list, zip(*rows, strict=True))
+    if sizes.count(None) != len(sizes):  # compressed payloads: the per-row path
+        return MessageColumns.of(_verified(stream, rows, path))
     _check_rows(stream, rows, path)
-    seqs, subjects, headers, data, stamps, _, _ = map(list, zip(*rows, strict=True))
     return MessageColumns(seqs, subjects, headers, data, stamps)
 
 
