@@ -169,6 +169,11 @@ class Broker:
         self.loaded.streams_total = len(records)  # the same object: progress lines read it
         for record in records:
             config = decode_stored_config(record.config)
+            if record.compression != config.compression:
+                # Stored before the store kept the setting: from now on it applies it.
+                self.store.put_stream(
+                    StreamRecord(record.name, record.config, record.created_ns, config.compression)
+                )
             stream = Stream(config, record.created_ns)
             self.loaded.current = record.name
             index = await self.store.load_index(record.name, stream.sizing)
@@ -323,7 +328,9 @@ class Broker:
         try:
             await self._durable(
                 self.store.put_stream(
-                    StreamRecord(config.name, encode_config(config), stream.created_ns)
+                    StreamRecord(
+                        config.name, encode_config(config), stream.created_ns, config.compression
+                    )
                 )
             )
         except errors.ApiError:
@@ -351,7 +358,9 @@ class Broker:
             self._delete_seqs(stream, removed)
         await self._durable(
             self.store.put_stream(
-                StreamRecord(config.name, encode_config(config), stream.created_ns)
+                StreamRecord(
+                    config.name, encode_config(config), stream.created_ns, config.compression
+                )
             )
         )
         log.debug("stream %s updated", name)
