@@ -119,6 +119,13 @@ def serve(
         int | None,
         typer.Option(help="Also serve nsqlookupd's HTTP API alone on this port (4161)."),
     ] = None,
+    nsq_https_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve nsqd's HTTP API over TLS on this port (4152), with the NSQ "
+            "certificate; -1 picks one."
+        ),
+    ] = None,
     store: Annotated[
         str | None,
         typer.Option(
@@ -222,6 +229,7 @@ def serve(
         "nsq_port": nsq_port,
         "nsq_lookupd_peers": nsq_lookupd_peer or None,
         "nsq_lookupd_http_port": nsq_lookupd_http_port,
+        "nsq_https_port": nsq_https_port,
         "store": store if store is not None else (f"sqlite:{store_dir}" if store_dir else None),
         "sync": sync,
         "auth_token": auth_token,

@@ -41,6 +41,7 @@ from tether.server.nsq.http_api import NsqHttp
 from tether.server.nsq.http_common import respond
 from tether.server.nsq.lookupd import Lookupd
 from tether.server.nsq.server import NsqServer
+from tether.server.nsq.tls import client_tls as nsq_client_tls
 from tether.server.standby import readyz_route, standby_app
 from tether.storage import Store, open_store
 from tether.storage.postgres import redact
@@ -84,6 +85,8 @@ class Tether:
         self.lookupd: Lookupd | None = None
         self.lookupd_http: HttpListener | None = None
         self.lookupd_http_port = 0
+        self.nsq_https: HttpListener | None = None  # nsqd's --https-address
+        self.nsq_https_port = 0
         self._stopped = asyncio.Event()
         self._engine_running = False
         # Over PostgreSQL (docs/deployment.md): this node's role, None on other stores.
@@ -121,6 +124,7 @@ class Tether:
         else:
             await self._start_http(front)
         await self._start_lookupd(limits)
+        await self._start_nsq_https(limits)
         if cfg.ui:
             log.info("Dashboard on http://%s/ui/", show(cfg.host, self.http_port))
         log.info("Listening for client connections on %s", show(cfg.host, self.nats.port))
@@ -248,7 +252,10 @@ class Tether:
             return front
         cfg = self.config
         self.lookupd = Lookupd(
-            lambda: nsq_http.node_view(), cfg.nsq_lookupd_peers, cfg.nsq_lookupd_poll_interval
+            lambda: nsq_http.node_view(),
+            cfg.nsq_lookupd_peers,
+            cfg.nsq_lookupd_poll_interval,
+            client_tls=nsq_client_tls(cfg),
         )
         nsq_http = NsqHttp(
             front,
@@ -257,6 +264,8 @@ class Tether:
             lambda: self.http_port,
             self._gateway(front),
             nats_port=lambda: self.nats.port,
+            https_port=lambda: self.nsq_https_port,
+            over_tls=cfg.http_tls,
         )
         return nsq_http
 
@@ -276,6 +285,32 @@ class Tether:
             log.info(
                 "Listening for nsqlookupd queries on %s", show(cfg.host, self.lookupd_http_port)
             )
+
+    async def _start_nsq_https(self, limits: HttpLimits) -> None:
+        """nsqd's HTTP API alone over TLS, with the NSQ certificate (nsqd's
+        ``--https-address``)."""
+        cfg = self.config
+        if self.nsq is None or self.lookupd is None or not cfg.nsq_https_port:
+            return
+        if self.nsq.tls_context is None:  # the configuration check refuses this
+            return
+        app = NsqHttp(
+            _not_found,
+            self.nsq,
+            self.lookupd,
+            lambda: self.http_port,
+            self._gateway(_not_found),
+            nats_port=lambda: self.nats.port,
+            https_port=lambda: self.nsq_https_port,
+            nsqd_only=True,
+            over_tls=True,
+        )
+        self.nsq_https = HttpListener(
+            app, cfg.host, cfg.nsq_https_port, limits, ssl_context=self.nsq.tls_context
+        )
+        await self.nsq_https.start()
+        self.nsq_https_port = self.nsq_https.port
+        log.info("Listening for nsqd's HTTPS API on %s", show(cfg.host, self.nsq_https_port))
 
     def _gateway(self, app: AsgiApp) -> GatewayMiddleware:
         cfg = self.config
@@ -323,6 +358,8 @@ class Tether:
             await self.http.stop()
         if self.lookupd_http is not None:
             await self.lookupd_http.stop()
+        if self.nsq_https is not None:
+            await self.nsq_https.stop()
         if self.lookupd is not None:
             await self.lookupd.stop()
         await self._stop_engine()

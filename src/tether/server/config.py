@@ -209,7 +209,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # TLS for NSQ clients asking tls_v1 in IDENTIFY (server/nsq/tls.py); default tls_cert/key
     nsq_tls_cert: str | None = None
     nsq_tls_key: str | None = None
-    nsq_tls_required: bool = False  # nothing but IDENTIFY before the client upgrades
+    # nsqd's --tls-required: true (TLS for the TCP port, and nsqd's routes on a plain HTTP
+    # port answer 403 TLS_REQUIRED) or "tcp-https" (the TCP port only)
+    nsq_tls_required: bool | str = False
     nsq_tls_client_auth_policy: str = ""  # "require-verify": a client cert signed by tls_ca
     # nsqd's and nsqlookupd's HTTP APIs are served on http_port (docs/nsq.md)
     nsq_broadcast_address: str = ""  # announced to clients; default: host, else the host name
@@ -217,6 +219,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     nsq_lookupd_peers: list[str] = msgspec.field(default_factory=list)
     nsq_lookupd_poll_interval: float = 5.0  # seconds between polls of each peer (20 % jitter)
     nsq_lookupd_http_port: int = 0  # also serve nsqlookupd's routes alone here (4161); 0: no
+    nsq_https_port: int = 0  # nsqd's HTTP API over TLS, nsqd's --https-address; 0: no, -1: free
 
     @property
     def auth_required(self) -> bool:
@@ -315,7 +318,7 @@ def _check(cfg: ServerConfig, path: str | Path | None, flags: set[str]) -> None:
             return f"--{key.replace('_', '-')} {value}"
         return f"{path}: {key} = {value!r}" if path else f"{key} = {value!r}"
 
-    for key in ("port", "http_port", "nsq_port"):
+    for key in ("port", "http_port", "nsq_port", "nsq_https_port"):
         if not -1 <= getattr(cfg, key) <= 65535:
             raise ValueError(f"{source(key)}: not a port: expected {PORT_RANGE}")
     if cfg.port > 0 and cfg.port == cfg.http_port:
@@ -365,11 +368,13 @@ def _check_tls(cfg: ServerConfig, source: Callable[[str], str]) -> None:
     if bool(cfg.nsq_tls_cert) != bool(cfg.nsq_tls_key):
         raise ValueError("nsq_tls_cert and nsq_tls_key go together")
     nsq_cert = (cfg.nsq_tls_cert and cfg.nsq_tls_key) or (cfg.tls_cert and cfg.tls_key)
-    if cfg.nsq_tls_required and not nsq_cert:
-        raise ValueError(
-            f"{source('nsq_tls_required')}: needs nsq_tls_cert and nsq_tls_key "
-            "(or tls_cert and tls_key)"
-        )
+    if cfg.nsq_tls_required not in (True, False, "tcp-https"):
+        raise ValueError(f'{source("nsq_tls_required")}: expected true, false or "tcp-https"')
+    for key in ("nsq_tls_required", "nsq_https_port"):
+        if getattr(cfg, key) and not nsq_cert:
+            raise ValueError(
+                f"{source(key)}: needs nsq_tls_cert and nsq_tls_key (or tls_cert and tls_key)"
+            )
     if cfg.nsq_tls_client_auth_policy not in ("", "require-verify"):
         raise ValueError(
             f'{source("nsq_tls_client_auth_policy")}: expected "require-verify" or "" '

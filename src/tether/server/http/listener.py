@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Generator
 
 import uvicorn
@@ -30,9 +31,12 @@ class HttpListener:
         port: int,
         limits: HttpLimits | None = None,
         tls: tuple[str, str] | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._app = app
         self._tls = tls  # (certificate, key): HTTPS
+        self._ssl_context = ssl_context  # HTTPS with this context (client certificates...)
         self._limits = limits or HttpLimits()
         self._host = host
         self._requested_port = port if port > 0 else 0
@@ -67,6 +71,9 @@ class HttpListener:
             ssl_certfile=self._tls[0] if self._tls else None,
             ssl_keyfile=self._tls[1] if self._tls else None,
         )
+        if self._ssl_context is not None:
+            config.load()  # what serve() would do, then the context replaces uvicorn's
+            config.ssl = self._ssl_context
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:

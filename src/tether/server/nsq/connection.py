@@ -55,7 +55,13 @@ from tether.protocol.nsq.parser import Limits, Parsed, Parser
 from tether.server.config import ServerConfig
 from tether.server.nsq import identify
 from tether.server.nsq.compression import Codec, CompressionError, Deflate, Snappy
-from tether.server.nsq.tls import HANDSHAKE_TIMEOUT, TlsError, TlsLayer
+from tether.server.nsq.tls import (
+    HANDSHAKE_TIMEOUT,
+    TLS_NOT_REQUIRED,
+    TlsError,
+    TlsLayer,
+    tls_required,
+)
 from tether.storage.base import MessageMeta, StoredMessage
 
 log = logging.getLogger("tether.nsq")
@@ -119,8 +125,10 @@ class NsqConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._codec: Codec | None = None
         self._tls: TlsLayer | None = None
-        # nsq_tls_required: every command but IDENTIFY is refused until TLS is up.
-        self._plain_refused = server.config.nsq_tls_required and server.tls_context is not None
+        # nsq_tls_required (or a client auth policy, as in nsqd): every command but
+        # IDENTIFY is refused until TLS is up.
+        required = tls_required(server.config) != TLS_NOT_REQUIRED
+        self._plain_refused = required and server.tls_context is not None
         self._out: list[bytes] = []
         self._out_size = 0
         self._flush_handle: asyncio.Handle | None = None

@@ -33,6 +33,7 @@ from tether.protocol.nsq.names import is_valid_name
 from tether.server.http.auth import AsgiApp, GatewayMiddleware, Receive, Scope, Send
 from tether.server.nsq.connection import NsqConnection
 from tether.server.nsq.http_common import (
+    NSQ_CONTENT_TYPE,
     HttpError,
     Query,
     header,
@@ -43,6 +44,7 @@ from tether.server.nsq.http_common import (
 from tether.server.nsq.identify import NSQD_VERSION
 from tether.server.nsq.lookupd import Lookupd, NodeView
 from tether.server.nsq.server import NsqServer
+from tether.server.nsq.tls import TLS_REQUIRED, tls_required
 from tether.storage.base import StorageError
 
 log = logging.getLogger("tether.nsq")
@@ -90,7 +92,10 @@ class NsqHttp:
         gateway: GatewayMiddleware | None = None,
         *,
         nats_port: Callable[[], int] | None = None,
+        https_port: Callable[[], int] | None = None,
         lookupd_only: bool = False,
+        nsqd_only: bool = False,
+        over_tls: bool = False,
     ) -> None:
         self.app = app
         self.lookupd_only = lookupd_only
@@ -100,11 +105,13 @@ class NsqHttp:
         self.lookupd = lookupd
         self.http_port = http_port
         self.nats_port = nats_port or (lambda: 0)
+        self.https_port = https_port or (lambda: 0)
         self.gateway = gateway
         self.broadcast_address = broadcast_address(
             self.config.nsq_broadcast_address, self.config.host
         )
         self.hostname = socket.gethostname()
+        self._nsqd_paths: set[str] = set()  # answered 403 TLS_REQUIRED here (see below)
         # path → (method, handler, the path is only nsq's: other methods get 405)
         lookup: dict[str, tuple[str, Any, bool]] = {
             "/lookup": ("GET", self._lookup, True),
@@ -124,8 +131,7 @@ class NsqHttp:
             lookup["/channel/delete"] = ("POST", self._registry_write, True)
             self.routes = lookup
             return
-        self.routes = {
-            **lookup,
+        nsqd: dict[str, tuple[str, Any, bool]] = {
             "/info": ("GET", self._info, True),
             "/pub": ("POST", self._pub, True),
             "/mpub": ("POST", self._mpub, True),
@@ -142,12 +148,30 @@ class NsqHttp:
             "/channel/pause": ("POST", self._channel_pause, False),
             "/channel/unpause": ("POST", self._channel_pause, False),
         }
+        if nsqd_only:  # nsqd's --https-address port: nsqd's routes alone, as nsqd has them
+            nsqd = {"/ping": lookup["/ping"], **nsqd}
+            self.routes = {path: (method, h, True) for path, (method, h, _) in nsqd.items()}
+        else:
+            self.routes = {**lookup, **nsqd}
+        # nsqd's --tls-required on a plain HTTP port: its own routes answer 403
+        # TLS_REQUIRED (nsqlookupd's, and /ping which both have, stay open).
+        if tls_required(self.config) == TLS_REQUIRED and not over_tls:
+            self._nsqd_paths = set(nsqd)
 
     # -- dispatch -------------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not scope.get("root_path"):
             path = scope["path"]
             route = self.routes.get(path)
+            if self._nsqd_paths and (
+                path.startswith(("/config/", "/debug/"))
+                or (
+                    path in self._nsqd_paths
+                    and (scope["method"] == "POST" or bool(route and route[2]))
+                )
+            ):  # (webhook-broker's GET /channel/create is not nsqd's)
+                await self._tls_required(send)
+                return
             if route is not None:
                 method, handler, only_nsq = route
                 given = scope["method"]
@@ -166,6 +190,18 @@ class NsqHttp:
                 await self._nsqd_prefixed(scope, receive, send, path)
                 return
         await self.app(scope, receive, send)
+
+    async def _tls_required(self, send: Send) -> None:
+        """nsqd's answer on its plain HTTP port under ``--tls-required``, sent as it is
+        whatever the client accepts; nsqd's HTTP clients retry on ``https_port``."""
+        body = msgspec.json.encode({"message": "TLS_REQUIRED", "https_port": self.https_port()})
+        headers = [
+            NSQ_CONTENT_TYPE,
+            (b"content-type", b"application/json; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 403, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def _nsqd_prefixed(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         """nsqd's ``/config/:opt`` (GET, PUT) and ``/debug/...`` (Go's profiler and
@@ -417,6 +453,8 @@ class NsqHttp:
             "topology_zone": "",
             "topology_region": "",
             "nats_port": self.nats_port(),  # Tether's: where the same node speaks NATS
+            # Tether's: nsqd's HTTPS port (nsqd tells it only in its 403 TLS_REQUIRED)
+            "https_port": self.https_port(),
         }
 
     async def _lookupd_info(self, scope: Scope, receive: Receive, query: Query) -> dict[str, Any]:
@@ -467,6 +505,7 @@ class NsqHttp:
             "log_level": _nsqd_level(),
             "tcp_address": f"{cfg.host}:{self.nsq.port}",
             "http_address": f"{cfg.host}:{self.http_port()}",
+            "https_address": f"{cfg.host}:{self.https_port()}" if self.https_port() else "",
             "broadcast_address": self.broadcast_address,
             "broadcast_tcp_port": self.nsq.port,
             "broadcast_http_port": self.http_port(),
@@ -488,7 +527,7 @@ class NsqHttp:
             "tls_key": cfg.nsq_tls_key or cfg.tls_key or "",
             "tls_root_ca_file": cfg.tls_ca or "",
             "tls_client_auth_policy": cfg.nsq_tls_client_auth_policy,
-            "tls_required": 1 if cfg.nsq_tls_required else 0,
+            "tls_required": tls_required(cfg),  # nsqd's 0, 1 (tcp-https) or 2
         }
 
     async def _config_get(self, scope: Scope, receive: Receive, query: Query) -> Any:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,12 +80,19 @@ class Lookupd:
     """This node's view for nsqlookupd's queries: itself plus its reachable peers."""
 
     def __init__(
-        self, local: Callable[[], NodeView], peers: list[str], poll_interval: float = 5.0
+        self,
+        local: Callable[[], NodeView],
+        peers: list[str],
+        poll_interval: float = 5.0,
+        client_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.local = local
         self.peers = [p.strip() for p in peers if p.strip()]
         self.poll_interval = max(0.1, poll_interval)
         self.views: dict[str, NodeView] = {}  # by peer address, only peers that answered
+        # A peer's nsqd HTTPS address, once its plain port said 403 TLS_REQUIRED.
+        self.https: dict[str, str] = {}
+        self.client_tls = client_tls
         self.registrations = Registrations()  # nsqlookupd's, kept from the views
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -117,19 +125,15 @@ class Lookupd:
         await asyncio.gather(*(self._poll(peer) for peer in self.peers))
 
     async def _poll(self, peer: str) -> None:
-        base = peer if "://" in peer else f"http://{peer}"
         session = self._session
         if session is None:
             return
         try:
-            async with session.get(f"{base}/info", headers=_ACCEPT) as resp:
-                resp.raise_for_status()
-                info = msgspec.json.decode(await resp.read(), type=_Info)
-            stats_url = f"{base}/stats?format=json&include_clients=false&include_mem=false"
-            async with session.get(stats_url, headers=_ACCEPT) as resp:
-                resp.raise_for_status()
-                stats = msgspec.json.decode(await resp.read(), type=_Stats)
+            info = msgspec.json.decode(await self._get(session, peer, "/info"), type=_Info)
+            stats_path = "/stats?format=json&include_clients=false&include_mem=false"
+            stats = msgspec.json.decode(await self._get(session, peer, stats_path), type=_Stats)
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError, ValueError) as exc:
+            self.https.pop(peer, None)  # the next poll starts from the plain port again
             if self.views.pop(peer, None) is not None:
                 log.warning("nsq lookupd: peer %s is unreachable (%s); skipped", peer, exc)
             return
@@ -145,6 +149,19 @@ class Lookupd:
         }
         topics = {t.topic_name: [c.channel_name for c in t.channels] for t in stats.topics or []}
         self.views[peer] = NodeView(producer, topics)
+
+    async def _get(self, session: aiohttp.ClientSession, peer: str, path: str) -> bytes:
+        """One of a peer's nsqd routes. As nsqd's own HTTP client does, a plain port's
+        ``403`` (nsqd's ``--tls-required``) sends it to the ``https_port`` it names."""
+        base = self.https.get(peer) or (peer if "://" in peer else f"http://{peer}")
+        tls = self.client_tls if base.startswith("https:") and self.client_tls else True
+        async with session.get(f"{base}{path}", headers=_ACCEPT, ssl=tls) as resp:
+            body = await resp.read()
+            if resp.status == 403 and base.startswith("http:"):
+                self.https[peer] = _https_base(base, body)
+                return await self._get(session, peer, path)
+            resp.raise_for_status()
+            return body
 
     # -- the views ---------------------------------------------------------------------------
     def nodes(self) -> list[NodeView]:
@@ -245,6 +262,19 @@ def _topic(query: Query) -> str:
     if topic is None:
         raise HttpError(400, "MISSING_ARG_TOPIC")
     return topic
+
+
+class _TlsRequired(msgspec.Struct):
+    https_port: int = 0
+
+
+def _https_base(base: str, body: bytes) -> str:
+    """``https://host:https_port`` from a 403's body (ValueError if it names none)."""
+    port = msgspec.json.decode(body, type=_TlsRequired).https_port
+    if not 0 < port <= 65535:
+        raise ValueError(f"403 without an https_port: {body[:100]!r}")
+    host = base.split("://", 1)[1].rsplit(":", 1)[0]
+    return f"https://{host}:{port}"
 
 
 def _valid(name: str, code: str) -> str:

@@ -23,7 +23,33 @@ from tether.server.config import ServerConfig
 from tether.server.nats.tls import server_context
 
 HANDSHAKE_TIMEOUT = 5.0  # seconds, nsqd's deadline for the handshake
+# nsqd's --tls-required values (its TLSRequired constants)
+TLS_NOT_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, TLS_REQUIRED = 0, 1, 2
 _READ_SIZE = 256 * 1024
+
+
+def tls_required(cfg: ServerConfig) -> int:
+    """nsqd's TLSRequired: ``nsq_tls_required = true`` is :data:`TLS_REQUIRED` (the TCP
+    port and nsqd's HTTP routes on a plain port), ``"tcp-https"`` the TCP port only; a
+    client auth policy alone means :data:`TLS_REQUIRED`, as nsqd decides."""
+    if cfg.nsq_tls_required == "tcp-https":
+        return TLS_REQUIRED_EXCEPT_HTTP
+    if cfg.nsq_tls_required or cfg.nsq_tls_client_auth_policy:
+        return TLS_REQUIRED
+    return TLS_NOT_REQUIRED
+
+
+def client_tls(cfg: ServerConfig) -> ssl.SSLContext:
+    """How this node reaches a peer's nsqd HTTPS port (after its ``403 TLS_REQUIRED``):
+    the peer's certificate checked against ``tls_ca`` (else the system's CAs), and this
+    node's NSQ certificate offered, for a peer that wants a client certificate."""
+    ctx = ssl.create_default_context(cafile=cfg.tls_ca or None)
+    cert = cfg.nsq_tls_cert or cfg.tls_cert
+    key = cfg.nsq_tls_key or cfg.tls_key
+    if cert and key:
+        with contextlib.suppress(OSError, ssl.SSLError):  # the server's own load says why
+            ctx.load_cert_chain(cert, key)
+    return ctx
 
 
 class TlsError(Exception):

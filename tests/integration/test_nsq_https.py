@@ -1,0 +1,234 @@
+"""nsqd's HTTP API over TLS on its own port (``nsq_https_port``, nsqd's
+``--https-address``) with the NSQ certificate, and ``nsq_tls_required`` on the plain
+HTTP port: nsqd's routes answer ``403 TLS_REQUIRED`` with the ``https_port``, which
+peers polling for discovery follow, as nsqd's own HTTP client does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trustme
+
+from tether.server.config import load_config
+from tether.testing import RunningServer, run_server
+
+V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    ca = trustme.CA()
+    tmp = tmp_path_factory.mktemp("nsq-https-certs")
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    client = ca.issue_cert("client@example.com")
+    files = {
+        "cert": tmp / "server-cert.pem",
+        "key": tmp / "server-key.pem",
+        "ca": tmp / "ca.pem",
+        "client": tmp / "client.pem",
+    }
+    server.cert_chain_pems[0].write_to_path(files["cert"])
+    server.private_key_pem.write_to_path(files["key"])
+    ca.cert_pem.write_to_path(files["ca"])
+    client.private_key_and_cert_chain_pem.write_to_path(files["client"])
+    return {name: str(path) for name, path in files.items()}
+
+
+def config(certs: dict[str, str], tmp: Path, extra: str = "") -> str:
+    conf = tmp / "tether.toml"
+    conf.write_text(
+        f'nsq_tls_cert = "{certs["cert"]}"\nnsq_tls_key = "{certs["key"]}"\n'
+        f'tls_ca = "{certs["ca"]}"\n{extra}'
+    )
+    return str(conf)
+
+
+@pytest.fixture(scope="module")
+def server(certs: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    conf = config(certs, tmp_path_factory.mktemp("nsq-https"))
+    with run_server(store="memory", args=["--config", conf, "--nsq-https-port", "-1"]) as srv:
+        yield srv
+
+
+async def https_port(server: RunningServer) -> int:
+    async with httpx.AsyncClient() as http:
+        r = await http.get(f"{server.http_url}/info", headers=V1)
+    port = r.json()["https_port"]
+    assert isinstance(port, int) and port > 0
+    return port
+
+
+def trusting(certs: dict[str, str], client: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=certs["ca"])
+    if client:
+        ctx.load_cert_chain(certs["client"])
+    return ctx
+
+
+async def test_nsqd_s_api_over_https(server: RunningServer, certs: dict[str, str]) -> None:
+    port = await https_port(server)
+    base = f"https://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base, verify=trusting(certs), headers=V1) as http:
+        assert (await http.get("/ping")).text == "OK"
+        info = (await http.get("/info")).json()
+        assert (info["https_port"], info["tcp_port"]) == (port, server.nsq_port)
+        assert info["http_port"] == server.http_port
+        r = await http.post("/pub", params={"topic": "secure"}, content=b"hello")
+        assert (r.status_code, r.text) == (200, "OK")
+        r = await http.post("/mpub", params={"topic": "secure"}, content=b"a\nb\n")
+        assert (r.status_code, r.text) == (200, "OK")
+        r = await http.post("/channel/create", params={"topic": "secure", "channel": "c"})
+        assert r.status_code == 200
+        stats = (await http.get("/stats", params={"format": "json"})).json()
+        (topic,) = [t for t in stats["topics"] if t["topic_name"] == "secure"]
+        assert topic["message_count"] == 3
+        assert (await http.get("/config/https_address")).json() == f"127.0.0.1:{port}"
+        # nsqd's routes only: nsqlookupd's, webhook-broker's and the monitor's are not here.
+        for path in ("/lookup?topic=secure", "/topics", "/varz", "/healthz"):
+            r = await http.get(path)
+            assert (r.status_code, r.json()) == (404, {"message": "NOT_FOUND"}), path
+        r = await http.get("/channel/create", params={"topic": "secure", "channel": "c"})
+        assert (r.status_code, r.json()) == (405, {"message": "METHOD_NOT_ALLOWED"})
+        r = await http.post("/pub", params={"topic": "bad topic"}, content=b"x")
+        assert (r.status_code, r.json()) == (400, {"message": "INVALID_TOPIC"})
+        # The same data over the plain port, which is not TLS-only here.
+        plain = f"{server.http_url}/stats"
+        r = await http.get(plain, params={"format": "json", "topic": "secure"})
+        assert r.json()["topics"][0]["message_count"] == 3
+
+
+async def test_plain_http_to_the_tls_port_fails_cleanly(
+    server: RunningServer, certs: dict[str, str]
+) -> None:
+    port = await https_port(server)
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.TransportError):
+            await http.get(f"http://127.0.0.1:{port}/ping")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        rest = await asyncio.wait_for(reader.read(), 5)
+        assert rest == b"" or rest[:1] == b"\x15"  # closed, or a TLS alert: never HTTP
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    # An untrusted client is refused too; the port still serves the others.
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.ConnectError):
+            await http.get(f"https://127.0.0.1:{port}/ping")
+    async with httpx.AsyncClient(verify=trusting(certs)) as http:
+        assert (await http.get(f"https://127.0.0.1:{port}/ping")).text == "OK"
+
+
+# -- nsq_tls_required = true and client certificates -----------------------------------------
+@pytest.fixture(scope="module")
+def strict(
+    certs: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    extra = (
+        "nsq_tls_required = true\n"
+        'nsq_tls_client_auth_policy = "require-verify"\n'
+        "nsq_https_port = -1\n"
+    )
+    conf = config(certs, tmp_path_factory.mktemp("nsq-https-strict"), extra)
+    with run_server(store="memory", args=["--config", conf]) as srv:
+        yield srv
+
+
+def strict_https_port(server: RunningServer) -> int:
+    return int(server.stderr.split("Listening for nsqd's HTTPS API on 127.0.0.1:")[1].split()[0])
+
+
+async def test_tls_required_sends_nsqd_s_routes_to_the_https_port(
+    strict: RunningServer, certs: dict[str, str]
+) -> None:
+    port = strict_https_port(strict)
+    expected = {"message": "TLS_REQUIRED", "https_port": port}
+    async with httpx.AsyncClient(base_url=strict.http_url, headers=V1) as http:
+        for method, path in [
+            ("POST", "/pub?topic=t"),
+            ("GET", "/stats"),
+            ("GET", "/info"),
+            ("POST", "/topic/create?topic=t"),
+            ("POST", "/channel/create?topic=t&channel=c"),
+            ("GET", "/config/max_msg_size"),
+            ("GET", "/pub"),  # whatever the method, as nsqd's plain server answers
+        ]:
+            r = await http.request(method, path, content=b"x" if method == "POST" else None)
+            assert (r.status_code, r.json()) == (403, expected), path
+            assert r.headers["x-nsq-content-type"] == "nsq; version=1.0"
+        # Open: /ping, nsqlookupd's queries, and what is not nsqd's.
+        assert (await http.get("/ping")).text == "OK"
+        assert (await http.get("/topics")).status_code == 200
+        assert (await http.get("/healthz")).status_code == 200
+    # The HTTPS port wants a client certificate signed by tls_ca.
+    base = f"https://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base, verify=trusting(certs, client=True)) as http:
+        r = await http.post("/pub", params={"topic": "strict"}, content=b"x")
+        assert (r.status_code, r.text) == (200, "OK")
+    async with httpx.AsyncClient(base_url=base, verify=trusting(certs)) as http:
+        with pytest.raises(httpx.TransportError):
+            await http.get("/ping")
+
+
+async def test_a_peer_follows_the_403_to_https(
+    strict: RunningServer, certs: dict[str, str], tmp_path: Path
+) -> None:
+    """A node polling a TLS-only peer learns its topics over the peer's HTTPS port,
+    presenting its own NSQ certificate (signed by the same CA)."""
+    port = strict_https_port(strict)
+    base = f"https://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base, verify=trusting(certs, client=True)) as http:
+        r = await http.post("/pub", params={"topic": "far.away"}, content=b"x")
+        assert r.status_code == 200
+    conf = config(certs, tmp_path, "nsq_lookupd_poll_interval = 0.3\n")
+    peer = ["--nsq-lookupd-peer", f"127.0.0.1:{strict.http_port}"]
+    with run_server(store="memory", args=["--config", conf, *peer]) as other:
+        async with httpx.AsyncClient(base_url=other.http_url, headers=V1) as http:
+            deadline = asyncio.get_running_loop().time() + 15
+            while True:
+                r = await http.get("/lookup", params={"topic": "far.away"})
+                if r.status_code == 200:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, r.text
+                await asyncio.sleep(0.1)
+            (producer,) = r.json()["producers"]
+            assert (producer["tcp_port"], producer["http_port"]) == (
+                strict.nsq_port,
+                strict.http_port,
+            )
+
+
+def test_https_port_needs_a_certificate(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--nsq-https-port 4152: needs nsq_tls_cert"):
+        load_config(None, {"nsq_https_port": 4152})
+    with pytest.raises(ValueError, match="not a port"):
+        load_config(None, {"nsq_https_port": 70000})
+    conf = tmp_path / "tether.toml"
+    conf.write_text('nsq_tls_required = "sometimes"\n')
+    with pytest.raises(ValueError, match='expected true, false or "tcp-https"'):
+        load_config(conf, {})
+
+
+def test_tcp_https_leaves_the_plain_http_port_open(certs: dict[str, str], tmp_path: Path) -> None:
+    conf = config(certs, tmp_path, 'nsq_tls_required = "tcp-https"\n')
+    with run_server(store="memory", args=["--config", conf]) as srv:
+        r = httpx.post(f"{srv.http_url}/pub", params={"topic": "t"}, content=b"x")
+        assert (r.status_code, r.text) == (200, "OK")
+        assert httpx.get(f"{srv.http_url}/config/tls_required").json() == 1
+        # The TCP port requires TLS still.
+        with socket.create_connection(("127.0.0.1", srv.nsq_port), timeout=5) as sock:
+            sock.sendall(b"  V2PUB t\n\x00\x00\x00\x01x")
+            data = b""
+            while chunk := sock.recv(4096):
+                data += chunk
+        assert b"E_INVALID cannot PUB in current state (TLS required)" in data
