@@ -27,6 +27,7 @@ import nats
 import pytest
 from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+from nats.js.client import JetStreamContext
 
 from tether.testing import HaNode, PostgresServer
 
@@ -126,6 +127,7 @@ async def test_kill_9_of_the_active_node_under_load(pair: tuple[HaNode, HaNode])
         confirmed: set[int] = set()  # acks the server confirmed (double ack)
         after_confirmed: list[int] = []  # delivered again although the ack was confirmed
         kill_at = asyncio.Event()
+        finished = asyncio.Event()
 
         async def publisher(lane: int, lanes: int) -> None:
             for i in range(lane, total, lanes):
@@ -135,7 +137,10 @@ async def test_kill_9_of_the_active_node_under_load(pair: tuple[HaNode, HaNode])
                     kill_at.set()
 
         async def consumer() -> None:
-            while len(confirmed) < total:
+            # Runs until the consumer has nothing left, not until every ack was
+            # confirmed: an ack applied whose reply was lost (the node died, or the
+            # reply came after the client's timeout) is rightly never delivered again.
+            while not finished.is_set():
                 try:
                     msgs = await sub.fetch(100, timeout=0.5)
                 except (NatsError, TimeoutError, OSError):
@@ -161,7 +166,9 @@ async def test_kill_9_of_the_active_node_under_load(pair: tuple[HaNode, HaNode])
         takeover = await b.wait_for("Server is ready", 30)
         took = time.monotonic() - killed
         await asyncio.wait_for(asyncio.gather(*publishers), 60)
-        await asyncio.wait_for(consuming, 60)
+        await asyncio.wait_for(_drained(js, seen, total), 60)
+        finished.set()
+        await asyncio.wait_for(consuming, 10)
 
         assert took <= TAKEOVER_BOUND, f"takeover took {took:.2f}s ({takeover:.2f}s)"
         assert b.http("/readyz") == (200, {"status": "ok", "role": "active"})
@@ -179,6 +186,17 @@ async def test_kill_9_of_the_active_node_under_load(pair: tuple[HaNode, HaNode])
         assert consumer_info.num_ack_pending == 0
         assert consumer_info.num_pending == 0
         assert consumer_info.ack_floor.stream_seq == info.state.last_seq
+
+
+async def _drained(js: JetStreamContext, seen: Counter[int], total: int) -> None:
+    """Until every message was seen and the consumer has none pending or unacked."""
+    while True:
+        if len(seen) == total:
+            with contextlib.suppress(NatsError, TimeoutError, OSError):
+                info = await js.consumer_info("ORDERS", "work")
+                if info.num_pending == 0 and info.num_ack_pending == 0:
+                    return
+        await asyncio.sleep(0.2)
 
 
 async def test_a_paused_active_node_is_fenced_off_when_it_resumes(
