@@ -157,6 +157,12 @@ class NsqHttp:
         # TLS_REQUIRED (nsqlookupd's, and /ping which both have, stay open).
         if tls_required(self.config) == TLS_REQUIRED and not over_tls:
             self._nsqd_paths = set(nsqd)
+            if not self.config.nsq_https_port:
+                log.warning(
+                    "nsq_tls_required: nsqd's routes on the plain HTTP port answer 403 "
+                    'TLS_REQUIRED and no nsq_https_port serves them ("tcp-https" would '
+                    "leave them open)"
+                )
 
     # -- dispatch -------------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
