@@ -174,7 +174,8 @@ def _minimal(block: str, name: str) -> str:
         return f"tls {{\n  {name}: 1\n  cert_file: c.pem, key_file: k.pem\n}}"
     if block == "websocket.tls":
         return f"websocket {{ tls {{\n  {name}: 1\n  cert_file: c.pem, key_file: k.pem\n}} }}"
-    return f"{block} {{\n  {name}: 1\n}}"
+    blocks = block.split(".")  # nested maps: jetstream { limits { ... } }
+    return " { ".join(blocks) + f" {{\n  {name}: 1\n" + "} " * len(blocks)
 
 
 WARNED = [(k.block, name) for k in KEYS if k.status == "warn" for name in k.names]

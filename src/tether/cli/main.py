@@ -177,6 +177,14 @@ def serve(
         int | None,
         typer.Option(help="Outbound bytes of all connections together (0: no bound)."),
     ] = None,
+    max_memory_store: Annotated[
+        int | None,
+        typer.Option(help='Bytes the streams with storage "memory" may hold (-1: no bound).'),
+    ] = None,
+    max_file_store: Annotated[
+        int | None,
+        typer.Option(help='Bytes the streams with storage "file" may hold (-1: no bound).'),
+    ] = None,
     server_name: Annotated[str | None, typer.Option(help="Server name reported in INFO.")] = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info (the default), warning or error.")
@@ -239,6 +247,8 @@ def serve(
         "max_connections": max_connections,
         "max_pending": max_pending,
         "max_pending_total": max_pending_total,
+        "max_memory_store": max_memory_store,
+        "max_file_store": max_file_store,
         "server_name": server_name,
         "log_level": log_level,
         "log_format": log_format,

@@ -15,11 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from tether.engine import errors
 from tether.engine.clock import Clock, Timer
+from tether.engine.limits import ServerLimits
 from tether.engine.streams import StreamListener, counters
 from tether.engine.streams import schedules as sched
-from tether.engine.streams.batches import BATCH_ID, AtomicBatches, Staged, batch_only_fields
+from tether.engine.streams.batches import (
+    BATCH_ID,
+    AtomicBatches,
+    BatchLimits,
+    Staged,
+    batch_only_fields,
+)
 from tether.engine.streams.config import (
     StreamConfig,
     check_create,
@@ -146,6 +155,8 @@ class Broker:
         self._expiry_at = 0
         self.loaded = LoadProgress()
         self.batches = AtomicBatches(clock)
+        # The server's JetStream limits (engine/limits.py); set by whoever runs the server.
+        self.limits = ServerLimits()
         # The one timer heap for delayed work (stream schedules, HTTP scheduled messages).
         self.timetable = sched.Timetable(clock)
         self._counters: dict[str, counters.CounterValues] = {}
@@ -160,6 +171,17 @@ class Broker:
         # Nats-Last-Sequence, as nats-server reports it).
         self._marker_for = 0
         store.on_refused(self._take_back)
+
+    def set_limits(self, limits: ServerLimits) -> None:
+        """The server's JetStream limits, atomic batches' included (0: nats-server's)."""
+        self.limits = limits
+        batch = BatchLimits()
+        self.batches.limits = BatchLimits(
+            max_size=limits.batch_max_msgs or batch.max_size,
+            inflight_per_stream=limits.batch_inflight_per_stream or batch.inflight_per_stream,
+            inflight_total=limits.batch_inflight_total or batch.inflight_total,
+            timeout_ns=limits.batch_timeout_ns or batch.timeout_ns,
+        )
 
     # -- startup ---------------------------------------------------------------------------
     async def load(self) -> None:
@@ -313,7 +335,11 @@ class Broker:
         """
         config = decode_config(body)
         check_create(name, config)
-        normalize(config, self._config_of)
+        if self.limits.sized and _names_storage(body):
+            # nats-server reserves the request's max_bytes before it checks the rest;
+            # a request naming no storage is only checked once defaults are filled.
+            self._reserve(config, config.max_bytes)
+        normalize(config, self._config_of, self.limits.duplicate_window_ns)
         if config.num_replicas > 1:
             raise errors.replicas_not_supported()
         existing = self.streams.get(config.name)
@@ -321,6 +347,7 @@ class Broker:
             if encode_config(existing.config) == encode_config(config):
                 return existing, False
             raise errors.stream_name_exists()
+        self._reserve(config, config.max_bytes)
         self._check_overlap(config, None)
         stream = Stream(config, self.clock.now())
         stream.start_empty()
@@ -346,12 +373,14 @@ class Broker:
 
     async def update_stream(self, name: str, body: bytes) -> Stream:
         """STREAM.UPDATE, with nats-server's checks in its order."""
-        config = normalize(decode_config(body), self._config_of)
+        config = normalize(decode_config(body), self._config_of, self.limits.duplicate_window_ns)
         if config.name != name:
             raise errors.stream_name_mismatch()
         stream = self.get_stream(name)
         check_update(stream.config, config)
         self._check_overlap(config, stream)
+        # Only a raised max_bytes reserves more (0 when it stays or shrinks).
+        self._reserve(config, max(0, max(config.max_bytes, 0) - max(stream.config.max_bytes, 0)))
         stream.config = config
         removed = stream.enforce_limits()
         if removed:
@@ -376,6 +405,43 @@ class Broker:
                 for b in other.config.subjects:
                     if filters_overlap(a, b):
                         raise errors.subjects_overlap()
+
+    def _reserve(self, config: StreamConfig, add: int) -> None:
+        """nats-server's server check of a stream's ``max_bytes`` (10028 / 10047): ``add``
+        bytes on top of what every stream of its storage reserves, itself included."""
+        if self.limits.sized:
+            self.limits.check_reservation(config.storage, add, self.reserved(config.storage))
+
+    def reserved(self, storage: str) -> int:
+        """The ``max_bytes`` the streams with ``storage`` reserve."""
+        return sum(
+            s.config.max_bytes
+            for s in self.streams.values()
+            if s.config.storage == storage and s.config.max_bytes > 0
+        )
+
+    def used(self, storage: str) -> int:
+        """The bytes the streams with ``storage`` hold, as nats-server counts them."""
+        return sum(s.state.bytes for s in self.streams.values() if s.config.storage == storage)
+
+    def _room(self, stream: Stream) -> int | None:
+        """How many bytes the server's bound for ``stream``'s storage leaves to it (the
+        other streams' bytes taken off; below 0 when they hold more), or None when
+        there is no bound."""
+        if not self.limits.sized:
+            return None
+        storage = stream.config.storage
+        bound = self.limits.bound(storage)
+        if bound < 0:
+            return None
+        return bound - (self.used(storage) - stream.state.bytes)
+
+    def _check_full(self, stream: Stream) -> None:
+        """nats-server's ``limitsExceeded``: 10023 once the streams of ``stream``'s
+        storage hold more than the server's bound."""
+        room = self._room(stream)
+        if room is not None and stream.state.bytes > room:
+            raise errors.insufficient_resources()
 
     def _config_of(self, name: str) -> StreamConfig | None:
         stream = self.streams.get(name)
@@ -533,7 +599,8 @@ class Broker:
         discard_new = cfg.discard == "new"
         plain = stream.sizing.plain
         overhead = subject_size(subject) + plain
-        if limit < 0 and not discard_new and not stream.evicts:
+        room = self._room(stream)  # None unless the server bounds this storage
+        if limit < 0 and not discard_new and not stream.evicts and room is None:
             # Nothing can refuse or evict any of them: index the run in one go.
             sizes = [overhead + len(payload) for payload in payloads]
             first = stream.append_run(subject, sizes, now)
@@ -553,9 +620,11 @@ class Broker:
             plen = len(payload)
             size = overhead + plen
             # The checks of :meth:`_publish_one` that apply without headers, in its order.
-            if (limit >= 0 and plen > limit) or discard_new:
+            if (limit >= 0 and plen > limit) or discard_new or room is not None:
                 try:
                     stream.check_size(0, plen)
+                    if room is not None and stream.state.bytes > room:
+                        raise errors.insufficient_resources()
                     stream.check_limits_for_new(subject, size, False)
                 except errors.ApiError as exc:
                     if reply and sink is not None:
@@ -592,6 +661,7 @@ class Broker:
             or stream.evicts
             or cfg.allow_msg_counter
             or cfg.republish
+            or self.limits.sized
         ):
             start = 0
             n = len(subjects)
@@ -661,7 +731,8 @@ class Broker:
         ids: list[str] | None = None  # msg ids of first..seq, when any has one
         # Without limits that could refuse or evict, messages without a msg id are
         # indexed and stored a stretch at a time (pending until then).
-        bulk = cfg.max_msg_size < 0 and cfg.discard != "new" and not stream.evicts
+        room = self._room(stream)  # None unless the server bounds this storage
+        bulk = cfg.max_msg_size < 0 and cfg.discard != "new" and not stream.evicts and room is None
         p_blocks: list[bytes] = []
         p_payloads: list[bytes] = []
         p_sizes: list[int] = []
@@ -716,6 +787,8 @@ class Broker:
                             self._ack_duplicate(stream, dup, sink, [reply])
                         continue
                 stream.check_size(len(hdrs), len(payload))
+                if room is not None and stream.state.bytes > room:
+                    raise errors.insufficient_resources()
                 extra = sizing.overhead(hdrs)
                 size = overhead + len(hdrs) + len(payload) + extra
                 stream.check_limits_for_new(subject, size, False)
@@ -981,6 +1054,8 @@ class Broker:
                 if target is not None and replies is None:
                     target = _with_extras(target, val=str(total))
             stream.check_size(len(hdrs), len(payload))
+            if self.limits.sized:
+                self._check_full(stream)
             extra = stream.sizing.overhead(hdrs)
             size = subject_size(subject) + len(hdrs) + len(payload) + extra
             stream.check_limits_for_new(subject, size, bool(rollup))
@@ -1067,6 +1142,8 @@ class Broker:
         """A message of an atomic batch: staged, or (its commit) the whole batch stored."""
         name = stream.name
         try:
+            if self.limits.sized:
+                self._check_full(stream)
             stream.check_size(len(hdrs), len(payload))
             staged = self.batches.stage(
                 name, stream.config.allow_atomic, subject, hdrs, payload, fields
@@ -1400,6 +1477,12 @@ class Broker:
         if msg.seq <= stream.last_seq:
             on_durable(errors.ApiError(400, 10071, "wrong last sequence"))
             return
+        if self.limits.sized:
+            try:
+                self._check_full(stream)  # the mirror retries later, as on nats-server
+            except errors.ApiError as exc:
+                on_durable(exc)
+                return
         extra = stream.sizing.overhead(msg.headers)
         size = subject_size(msg.subject) + len(msg.headers) + len(msg.data) + extra
         meta = MessageMeta(msg.seq, msg.subject, size, msg.ts, msg.priority, extra)
@@ -1768,9 +1851,20 @@ class Broker:
         return {
             "memory": memory,
             "storage": storage,
+            "reserved_memory": self.reserved("memory"),
+            "reserved_storage": self.reserved("file"),
             "streams": len(self.streams),
             "consumers": consumers,
         }
+
+
+def _names_storage(body: bytes) -> bool:
+    """Whether a stream create request sets ``storage`` (not null)."""
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(doc, dict) and doc.get("storage") is not None
 
 
 def _stored_subject(cfg: StreamConfig, subject: str) -> str:

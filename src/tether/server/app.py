@@ -21,6 +21,7 @@ from tether.engine.broker import Broker
 from tether.engine.clock import LoopClock
 from tether.engine.consumers import ConsumerRegistry
 from tether.engine.jobs import ServiceSettings, WebhookService
+from tether.engine.limits import ServerLimits
 from tether.engine.sourcing import SourcingService
 from tether.server import banner
 from tether.server.config import ServerConfig
@@ -207,6 +208,7 @@ class Tether:
         await self.store.open()
         self.broker = Broker(self.store, LoopClock())
         broker = self.broker
+        broker.set_limits(jetstream_limits(cfg))
         async with banner.loading("the store", banner.load_progress(broker.loaded)):
             await broker.load()
         self.consumers = ConsumerRegistry(self.broker)
@@ -512,3 +514,20 @@ def _no_reply(subject: str, reply: str, headers: bytes | None, payload: bytes) -
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     """nsqlookupd's answer to a path it does not have."""
     await respond(send, 404, "NOT_FOUND")
+
+
+def jetstream_limits(cfg: ServerConfig) -> ServerLimits:
+    """The engine's JetStream limits from the settings (nats-server's jetstream block)."""
+    ns = 1_000_000_000
+    return ServerLimits(
+        max_memory=cfg.max_memory_store,
+        max_storage=cfg.max_file_store,
+        max_ack_pending=cfg.js_max_ack_pending,
+        max_request_batch=cfg.js_max_request_batch,
+        duplicate_window_ns=round(cfg.js_duplicate_window * ns),
+        default_max_consumers=cfg.js_default_max_consumers,
+        batch_inflight_per_stream=cfg.js_batch_max_inflight_per_stream,
+        batch_inflight_total=cfg.js_batch_max_inflight_total,
+        batch_max_msgs=cfg.js_batch_max_msgs,
+        batch_timeout_ns=round(cfg.js_batch_timeout * ns),
+    )

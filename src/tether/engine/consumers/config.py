@@ -18,6 +18,7 @@ import msgspec
 
 from tether.engine import errors
 from tether.engine.errors import ApiError
+from tether.engine.limits import ServerLimits, max_ack_pending_excess, max_request_batch_excess
 from tether.engine.streams.config import StreamConfig, is_valid_name
 from tether.engine.subjects import is_literal, is_subset, is_valid_filter, is_valid_subject
 from tether.protocol.numbers import parse_uint
@@ -248,12 +249,16 @@ def pedantic_error(detail: str) -> ApiError:
 
 
 def apply_defaults(
-    config: ConsumerConfig, stream: StreamConfig, pedantic: bool = False
+    config: ConsumerConfig,
+    stream: StreamConfig,
+    pedantic: bool = False,
+    server: ServerLimits | None = None,
 ) -> ConsumerConfig:
     """Fill defaults exactly as nats-server's ``setConsumerConfigDefaults``.
 
     With ``pedantic`` (the create request's flag) every value nats-server would quietly
-    fix is refused instead, with its 10157 texts.
+    fix is refused instead, with its 10157 texts. ``server``'s ``max_ack_pending``
+    caps the default one; its ``max_request_batch`` is a pull consumer's default.
     """
     if config.max_deliver == 0 or config.max_deliver < -1:
         if pedantic and config.max_deliver < -1:
@@ -291,6 +296,17 @@ def apply_defaults(
         config.inactive_threshold = limit
     if config.max_ack_pending == 0 and config.ack_policy != "none":
         config.max_ack_pending = DEFAULT_MAX_ACK_PENDING
+        if server is not None and 0 < server.max_ack_pending < DEFAULT_MAX_ACK_PENDING:
+            config.max_ack_pending = server.max_ack_pending
+    if (
+        server is not None
+        and server.max_request_batch > 0
+        and not config.deliver_subject
+        and config.max_batch == 0
+    ):
+        if pedantic:
+            raise pedantic_error("max_request_batch must be set if it's JetStream limits are set")
+        config.max_batch = server.max_request_batch
     if not config.durable_name and config.inactive_threshold == 0:
         config.inactive_threshold = DEFAULT_INACTIVE_THRESHOLD
     if config.priority_policy == "pinned_client" and config.priority_timeout == 0:
@@ -315,8 +331,11 @@ _NOT_NEGATIVE = (
 )
 
 
-def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
-    """nats-server's ``checkConsumerCfg``: raise the first problem as an :class:`ApiError`."""
+def validate(
+    config: ConsumerConfig, stream: StreamConfig, server: ServerLimits | None = None
+) -> None:
+    """nats-server's ``checkConsumerCfg``: raise the first problem as an :class:`ApiError`
+    (``server``: the server's limits on max_batch and max_ack_pending)."""
     if config.name and not is_valid_name(config.name):
         raise errors.invalid_stream_config("consumer name can not contain '.', '*', '>', '\\', '/'")
     if config.durable_name and not is_valid_name(config.durable_name):
@@ -341,6 +360,10 @@ def validate(config: ConsumerConfig, stream: StreamConfig) -> None:
         _validate_push(config, stream)
     else:
         _validate_pull(config, stream)
+        if server is not None and 0 < server.max_request_batch < config.max_batch:
+            raise max_request_batch_excess(server.max_request_batch)
+    if server is not None and 0 < server.max_ack_pending < config.max_ack_pending:
+        raise max_ack_pending_excess(server.max_ack_pending)
     if config.filter_subject and config.filter_subjects:
         raise _e(400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified")
     if any(f == "" for f in config.filter_subjects):

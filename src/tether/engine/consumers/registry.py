@@ -40,6 +40,7 @@ from tether.engine.consumers.consumer import Consumer
 from tether.engine.consumers.cursor import Matcher, SequenceCursor, StreamHead
 from tether.engine.consumers.delivery_state import decode_state, encode_state
 from tether.engine.consumers.sinks import DeliverySink
+from tether.engine.limits import ServerLimits
 from tether.engine.streams import Stream, StreamListener
 from tether.engine.subjects import filters_overlap
 from tether.storage.base import ConsumerRecord, MessageMeta, StorageError, Store
@@ -62,6 +63,7 @@ class StreamOwner(Protocol):
     store: Store
     streams: dict[str, Stream]
     listeners: list[StreamListener]
+    limits: ServerLimits  # the server's caps on consumers' settings
 
     def get_stream(self, name: str) -> Stream: ...
     def remove_messages(self, stream: Stream, seqs: list[int]) -> None: ...
@@ -183,8 +185,9 @@ class ConsumerRegistry:
         """
         stream = self.broker.get_stream(stream_name)
         scfg = stream.config
-        apply_defaults(config, scfg, pedantic)
-        validate(config, scfg)
+        limits = self.broker.limits
+        apply_defaults(config, scfg, pedantic, limits)
+        validate(config, scfg, limits)
         consumers = self.streams.setdefault(stream.name, {})
         name = config.durable_name or config.name
         existing = consumers.get(name) if name else None
@@ -207,7 +210,9 @@ class ConsumerRegistry:
             return existing, False
         if action == "update":
             raise consumer_does_not_exist()
-        if scfg.max_consumers > 0 and len(consumers) >= scfg.max_consumers:
+        # A stream without max_consumers has the server's default_max_consumers.
+        most = scfg.max_consumers if scfg.max_consumers > 0 else limits.default_max_consumers
+        if most > 0 and len(consumers) >= most:
             raise errors.max_consumers_reached()
         if scfg.retention == "workqueue":
             if config.ack_policy not in ("explicit", "flow_control"):

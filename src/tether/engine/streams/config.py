@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 
 from tether.engine import errors
+from tether.engine.clock import go_duration
 from tether.engine.streams import sourcing
 from tether.engine.streams.republish import check_republish
 from tether.engine.subjects import filters_overlap, is_subset, is_valid_filter
@@ -193,12 +194,15 @@ def has_path_separators(name: str) -> bool:
 
 
 def normalize(
-    config: StreamConfig, lookup: Callable[[str], StreamConfig | None] | None = None
+    config: StreamConfig,
+    lookup: Callable[[str], StreamConfig | None] | None = None,
+    duplicates_limit: int = 0,
 ) -> StreamConfig:
     """Fill defaults and validate, as nats-server's ``checkStreamCfg``; raises ApiError.
 
     ``lookup`` finds the server's other streams, for the checks of mirrors and sources
-    that look at their origins (None: those are skipped)."""
+    that look at their origins (None: those are skipped). ``duplicates_limit`` is the
+    server's largest ``duplicate_window`` in ns (0: none), also the default's cap."""
     cfg = config
     if not is_valid_name(cfg.name):
         raise errors.invalid_stream_name()
@@ -229,14 +233,22 @@ def normalize(
     if 0 < cfg.max_age < MIN_MAX_AGE:
         raise errors.invalid_stream_config("max age needs to be >= 100ms")
     if cfg.duplicate_window == 0 and not cfg.mirror and not cfg.sources:
-        if cfg.max_age and cfg.max_age < DEFAULT_DUPLICATE_WINDOW:
+        window = DEFAULT_DUPLICATE_WINDOW
+        if 0 < duplicates_limit < window:
+            window = duplicates_limit
+        if cfg.max_age and cfg.max_age < window:
             cfg.duplicate_window = cfg.max_age
         else:
-            cfg.duplicate_window = DEFAULT_DUPLICATE_WINDOW
+            cfg.duplicate_window = window
     if cfg.duplicate_window < 0:
         raise errors.invalid_stream_config("duplicates window can not be negative")
     if cfg.max_age and cfg.duplicate_window > cfg.max_age:
         raise errors.invalid_stream_config("duplicates window can not be larger then max age")
+    if duplicates_limit > 0 and cfg.duplicate_window > duplicates_limit:
+        raise errors.invalid_stream_config(
+            "duplicates window can not be larger then server limit of "
+            + go_duration(duplicates_limit)
+        )
     if 0 < cfg.duplicate_window < MIN_DUPLICATE_WINDOW:
         raise errors.invalid_stream_config("duplicates window needs to be >= 100ms")
     _check_counters_and_schedules(cfg)

@@ -43,6 +43,8 @@ def _refuse(block: str, names: str, why: str) -> Key:
 _AUTH = "authorization"
 _USER = "authorization.users"
 _JS = "jetstream"
+_JSL = "jetstream.limits"
+_JSB = "jetstream.limits.batch"
 _NO_ACCOUNTS = "Tether has one account; there is no system account"
 _NO_ENCRYPTION = "encryption at rest is not supported: the store would be written in the clear"
 _JS_TUNING = "a tuning knob of nats-server's own store"
@@ -222,15 +224,29 @@ KEYS: tuple[Key, ...] = (
         '`sync = "always"` for `always`; a period is warned about (Tether syncs every commit)',
         r.sync_interval,
     ),
-    _warn(_JS, "max_memory_store max_mem_store max_mem", "no server-wide memory limit yet"),
-    _warn(_JS, "max_file_store max_file", "no server-wide storage limit yet"),
+    _mapped(
+        _JS,
+        "max_memory_store max_mem_store max_mem",
+        "`max_memory_store`: bytes the streams with `storage: memory` may hold, counted as "
+        "nats-server counts memory (they live in the store like every stream); a negative "
+        "size (nats-server's 75 % of the RAM) is warned about and sets no bound",
+        r.store_size("max_memory_store", "RAM"),
+    ),
+    _mapped(
+        _JS,
+        "max_file_store max_file",
+        "`max_file_store`: bytes the streams with `storage: file` may hold, counted as "
+        "nats-server counts its files; a negative size (nats-server's 75 % of the disk) is "
+        "warned about and sets no bound",
+        r.store_size("max_file_store", "disk"),
+    ),
     _warn(_JS, "domain", "JetStream domains are not supported: the API stays on $JS.API"),
     _refuse(_JS, "key ek encryption_key", _NO_ENCRYPTION),
     _refuse(_JS, "prev_key prev_ek prev_encryption_key", _NO_ENCRYPTION),
     _refuse(_JS, "cipher", _NO_ENCRYPTION),
     _refuse(_JS, "tpm", _NO_ENCRYPTION),
     _warn(_JS, "strict", "Tether's JetStream API is always strict"),
-    _warn(_JS, "limits", "no server-wide limits yet"),
+    _mapped(_JS, "limits", "the keys below", r.jetstream_limits),
     _warn(_JS, "unique_tag max_outstanding_catchup", "Tether runs as a single server"),
     _warn(
         _JS,
@@ -240,6 +256,60 @@ KEYS: tuple[Key, ...] = (
     ),
     _warn(
         _JS, "meta_compact meta_compact_size meta_compact_sync", "Tether runs as a single server"
+    ),
+    # -- jetstream { limits { } } -------------------------------------------------------
+    _mapped(
+        _JSL,
+        "max_ack_pending",
+        "`js_max_ack_pending`: a consumer's largest `max_ack_pending` (10121), and the "
+        "default's cap",
+        r.positive("js_max_ack_pending"),
+    ),
+    _warn(_JSL, "max_ha_assets", "Tether runs as a single server: nothing is replicated"),
+    _mapped(
+        _JSL,
+        "max_request_batch",
+        "`js_max_request_batch`: a pull consumer's largest `max_batch` (10125), and its default",
+        r.positive("js_max_request_batch"),
+    ),
+    _mapped(
+        _JSL,
+        "duplicate_window",
+        "`js_duplicate_window` (a duration): a stream's largest `duplicate_window`, and the "
+        "default's cap",
+        r.go_duration("js_duplicate_window"),
+    ),
+    _mapped(
+        _JSL,
+        "default_max_consumers",
+        "`js_default_max_consumers`: consumers of a stream without `max_consumers` (10026)",
+        r.positive("js_default_max_consumers"),
+    ),
+    _mapped(_JSL, "batch", "the keys below", r.jetstream_batch_limits),
+    # -- jetstream { limits { batch { } } } ----------------------------------------------
+    _mapped(
+        _JSB,
+        "max_inflight_per_stream",
+        "`js_batch_max_inflight_per_stream`: open atomic and fast-ingest batches of a stream",
+        r.positive("js_batch_max_inflight_per_stream"),
+    ),
+    _mapped(
+        _JSB,
+        "max_inflight_total",
+        "`js_batch_max_inflight_total`: open atomic and fast-ingest batches of the server",
+        r.positive("js_batch_max_inflight_total"),
+    ),
+    _mapped(
+        _JSB,
+        "max_msgs",
+        "`js_batch_max_msgs`: messages of an atomic batch",
+        r.positive("js_batch_max_msgs"),
+    ),
+    _mapped(
+        _JSB,
+        "timeout",
+        "`js_batch_timeout` (a duration): idle time that abandons a batch",
+        r.go_duration("js_batch_timeout"),
     ),
     # -- tls { }, https, websocket { } (conf/transports.py) ----------------------------
     *transports.TOP_KEYS,
@@ -256,6 +326,8 @@ _BLOCK_TITLES = {
     _AUTH: "`authorization { }`",
     _USER: "`authorization { users: [ { } ] }`",
     _JS: "`jetstream { }`",
+    _JSL: "`jetstream { limits { } }`",
+    _JSB: "`jetstream { limits { batch { } } }`",
     **transports.BLOCK_TITLES,
 }
 _STATUS_WORDS = {"mapped": "mapped to", "warn": "warned, ignored:", "refuse": "**refused**:"}

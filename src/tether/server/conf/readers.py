@@ -487,3 +487,80 @@ def resolver_preload(out: Translation, key: str, item: Item) -> None:
     out.values["resolver_preload"] = {
         name: text(f"{key}.{name}", entry) for name, entry in _map(key, item).items()
     }
+
+
+# -- jetstream { } sizes and limits { } ------------------------------------------------
+
+_SIZE_SHIFTS = {"K": 10, "M": 20, "G": 30, "T": 40}
+
+
+def store_size(target: str, kind: str) -> Reader:
+    """``max_memory_store`` / ``max_file_store``: bytes (a size, or a string such as
+    ``"10G"`` with nats-server's K, M, G, T suffixes). 0 allows no such stream at all,
+    as in nats-server; a negative size is nats-server's default (a share of the
+    machine's ``kind``), which Tether leaves unbounded, with a warning."""
+
+    def read(out: Translation, key: str, item: Item) -> None:
+        value = item.value
+        if isinstance(value, str):
+            value = _string_size(key, value, item)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise ConfError(f"{key}: must be int64 or string, got {_describe(value)}", item.pos)
+        if value < 0:
+            out.warn(
+                item,
+                f"{key}: a negative size is nats-server's default (75 % of the {kind}); "
+                "Tether sets no bound",
+            )
+            value = -1
+        out.values[target] = value
+
+    return read
+
+
+def _string_size(key: str, value: str, item: Item) -> int:
+    if not value:
+        return 0
+    shift = _SIZE_SHIFTS.get(value[-1])
+    if shift is None:
+        raise ConfError(f"{key}: sizes defined as strings must end in K, M, G, T", item.pos)
+    digits = value[:-1]
+    if not re.fullmatch(r"[+-]?[0-9]+", digits):
+        raise ConfError(f"{key}: {value!r} is not a size", item.pos)
+    return int(digits) << shift
+
+
+def positive(target: str) -> Reader:
+    """A count of the ``limits`` block: only above 0 does it change anything, as in
+    nats-server (0 or less keeps the default)."""
+
+    def read(out: Translation, key: str, item: Item) -> None:
+        value = integer(key, item)
+        if value > 0:
+            out.values[target] = value
+
+    return read
+
+
+def go_duration(target: str) -> Reader:
+    """A duration of the ``limits`` block: nats-server takes only duration strings
+    (``"2m"``); above 0 it sets ``target`` in seconds."""
+
+    def read(out: Translation, key: str, item: Item) -> None:
+        if not isinstance(item.value, str):
+            raise ConfError(
+                f'{key}: expected a duration such as "2m", got {_describe(item.value)}', item.pos
+            )
+        seconds = _seconds(out, key, item)
+        if seconds > 0:
+            out.values[target] = seconds
+
+    return read
+
+
+def jetstream_limits(out: Translation, key: str, item: Item) -> None:
+    out.read("jetstream.limits", _map(key, item))
+
+
+def jetstream_batch_limits(out: Translation, key: str, item: Item) -> None:
+    out.read("jetstream.limits.batch", _map(key, item))

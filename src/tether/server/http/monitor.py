@@ -341,7 +341,7 @@ def routes(app: Monitored) -> list[Route]:
             **base(),
             **stats,
             "config": _js_config(app),
-            "limits": {},
+            "limits": broker.limits.report(),
             "streams": usage["streams"],
             "consumers": usage["consumers"],
             "messages": sum(s.state.msgs for s in all_streams),
@@ -531,8 +531,8 @@ def _sub_detail(conn: ClientConnection, sub: Any, account: bool = False) -> dict
 
 def _js_config(app: Monitored) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "max_memory": -1,
-        "max_storage": -1,
+        "max_memory": app.config.max_memory_store,  # -1: no bound
+        "max_storage": app.config.max_file_store,
         "store_dir": app.store_url,
         "sync_interval": 0,
     }
@@ -546,7 +546,11 @@ def _varz_jetstream(app: Monitored) -> dict[str, Any]:
     broker, js = app.broker, app.jetstream
     if broker is None or js is None:
         return {}
-    return {"config": _js_config(app), "stats": _js_stats(broker, js), "limits": {}}
+    return {
+        "config": _js_config(app),
+        "stats": _js_stats(broker, js),
+        "limits": broker.limits.report(),
+    }
 
 
 def _js_stats(broker: Broker, js: JetStreamApi) -> dict[str, Any]:
@@ -555,8 +559,8 @@ def _js_stats(broker: Broker, js: JetStreamApi) -> dict[str, Any]:
     return {
         "memory": usage["memory"],
         "storage": usage["storage"],
-        "reserved_memory": 0,
-        "reserved_storage": 0,
+        "reserved_memory": usage["reserved_memory"],
+        "reserved_storage": usage["reserved_storage"],
         "accounts": 1,
         "ha_assets": 0,
         "api": {"level": API_LEVEL, "total": js.api_total, "errors": js.api_errors},

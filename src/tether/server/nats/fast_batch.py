@@ -118,6 +118,10 @@ class FastBatches:
     def __len__(self) -> int:
         return len(self._open)
 
+    @property
+    def _idle_ns(self) -> int:
+        return self.broker.limits.batch_timeout_ns or IDLE_NS
+
     def publish(
         self, stream: Stream, subject: str, reply: str, headers: bytes | None, payload: bytes
     ) -> None:
@@ -172,10 +176,10 @@ class FastBatches:
         if (stream.name, ctl.batch_id) not in self._open:
             if ctl.seq != 1 or ctl.op == PING:
                 raise unknown_id()
-            if (
-                self._per_stream.get(stream.name, 0) >= MAX_INFLIGHT_PER_STREAM
-                or len(self._open) >= MAX_INFLIGHT_TOTAL
-            ):
+            limits = self.broker.limits  # the jetstream block's, else nats-server's
+            if self._per_stream.get(stream.name, 0) >= (
+                limits.batch_inflight_per_stream or MAX_INFLIGHT_PER_STREAM
+            ) or len(self._open) >= (limits.batch_inflight_total or MAX_INFLIGHT_TOTAL):
                 raise too_many_inflight()
         return ctl
 
@@ -191,7 +195,7 @@ class FastBatches:
         self._open[(name, ctl.batch_id)] = batch
         self._per_stream[name] = self._per_stream.get(name, 0) + 1
         clock = self.broker.clock
-        batch.timer = clock.call_later(IDLE_NS / 1e9, lambda: self._idle(batch))
+        batch.timer = clock.call_later(self._idle_ns / 1e9, lambda: self._idle(batch))
         return batch
 
     def _stored(
@@ -277,7 +281,7 @@ class FastBatches:
         batch.timer = None
         if batch.ended:
             return
-        left = batch.last_ns + IDLE_NS - self.broker.clock.now()
+        left = batch.last_ns + self._idle_ns - self.broker.clock.now()
         if left > 0:
             batch.timer = self.broker.clock.call_later(left / 1e9, lambda: self._idle(batch))
             return

@@ -697,9 +697,7 @@ class JetStreamApi:
     async def _account_info(self, args: list[str], reply: str, h: bytes | None, p: bytes) -> Any:
         usage = self.broker.account_usage()
         return {
-            **usage,
-            "reserved_memory": 0,
-            "reserved_storage": 0,
+            **usage,  # reserved_*: the streams' max_bytes, as the server's limits count them
             "api": {
                 "level": requests.API_LEVEL,
                 "total": self.api_total,

@@ -1,0 +1,346 @@
+"""The server's JetStream limits (nats-server's ``jetstream { max_*_store, limits { } }``):
+how a nats-server file, a TOML file and flags set them, and how the engine applies them
+(reservations of ``max_bytes``, a full store refusing publishes on every publish path,
+consumer and stream defaults and caps, batch limits). tests/conformance compares the
+same scenarios with nats-server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.engine.broker import Broker, PubAck
+from tether.engine.clock import FakeClock
+from tether.engine.consumers.config import ConsumerConfig, apply_defaults, validate
+from tether.engine.errors import ApiError
+from tether.engine.limits import ServerLimits
+from tether.engine.streams.batches import AtomicBatches
+from tether.engine.streams.config import StreamConfig
+from tether.server.app import jetstream_limits
+from tether.server.conf import parse_text
+from tether.server.conf.mapping import translate
+from tether.server.config import ServerConfig, load_config
+from tether.storage.memory import MemoryStore
+
+MIB = 1024 * 1024
+
+
+def conf(text: str) -> tuple[dict[str, Any], list[str], list[str]]:
+    result = translate(parse_text(text, filename="t.conf", environ={}))
+    return result.values, result.warnings, result.errors
+
+
+# -- the nats-server file --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("jetstream { max_memory_store: 1MB, max_file_store: 10GB }",
+         {"max_memory_store": MIB, "max_file_store": 10 * 1024 * MIB}),
+        ('jetstream { max_mem: "512M", max_file: "2G" }',
+         {"max_memory_store": 512 * MIB, "max_file_store": 2 * 1024 * MIB}),
+        ("jetstream { max_mem_store: 1024 }", {"max_memory_store": 1024}),
+        # 0 stores nothing of that kind, as in nats-server; "" is 0 too
+        ('jetstream { max_file_store: 0, max_memory_store: "" }',
+         {"max_file_store": 0, "max_memory_store": 0}),
+        ("jetstream { limits { max_ack_pending: 100, max_request_batch: 10 } }",
+         {"js_max_ack_pending": 100, "js_max_request_batch": 10}),
+        ('jetstream { limits { duplicate_window: "30s", default_max_consumers: 5 } }',
+         {"js_duplicate_window": 30.0, "js_default_max_consumers": 5}),
+        ('jetstream { limits { batch { max_inflight_per_stream: 2, max_inflight_total: 3,'
+         ' max_msgs: 5, timeout: "1500ms" } } }',
+         {"js_batch_max_inflight_per_stream": 2, "js_batch_max_inflight_total": 3,
+          "js_batch_max_msgs": 5, "js_batch_timeout": 1.5}),
+        # 0 or less keeps nats-server's default
+        ('jetstream { limits { max_ack_pending: 0, max_request_batch: -1, duplicate_window: "0s" } }',
+         {}),
+    ],
+)  # fmt: skip
+def test_the_jetstream_block_sets_the_limits(text: str, expected: dict[str, Any]) -> None:
+    values, warnings, errors = conf(text)
+    assert errors == [] and warnings == []
+    values.pop("jetstream")
+    assert values == expected
+    ServerConfig(**values)  # every value is one the settings take
+
+
+def test_a_negative_store_size_is_no_bound_with_a_warning() -> None:
+    values, warnings, errors = conf("jetstream {\n  max_file_store: -1\n}")
+    assert errors == []
+    assert values["max_file_store"] == -1
+    assert warnings == [
+        "t.conf:2:3: jetstream.max_file_store: a negative size is nats-server's default "
+        "(75 % of the disk); Tether sets no bound"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('jetstream {\n  max_file_store: "10X"\n}',
+         "t.conf:2:3: jetstream.max_file_store: sizes defined as strings must end in K, M, G, T"),
+        ('jetstream {\n  max_memory_store: "xM"\n}',
+         "t.conf:2:3: jetstream.max_memory_store: 'xM' is not a size"),
+        ("jetstream {\n  max_file_store: true\n}",
+         "t.conf:2:3: jetstream.max_file_store: must be int64 or string, got a boolean"),
+        ("jetstream {\n  limits: 5\n}",
+         "t.conf:2:3: jetstream.limits: expected a map { ... }, got 5"),
+        ("jetstream { limits {\n  max_batch_size: 5\n} }",
+         't.conf:2:3: unknown field "jetstream.limits.max_batch_size"'),
+        ("jetstream { limits { batch {\n  size: 5\n} } }",
+         't.conf:2:3: unknown field "jetstream.limits.batch.size"'),
+        ("jetstream { limits {\n  duplicate_window: 30\n} }",
+         't.conf:2:3: jetstream.limits.duplicate_window: expected a duration such as "2m", got 30'),
+        ('jetstream { limits {\n  max_ack_pending: "x"\n} }',
+         "t.conf:2:3: jetstream.limits.max_ack_pending: expected an integer, got the string 'x'"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_refused_with_their_place(text: str, error: str) -> None:
+    _, _, errors = conf(text)
+    assert errors == [error]
+
+
+def test_max_ha_assets_is_warned_about() -> None:
+    _, warnings, errors = conf("jetstream { limits {\n  max_ha_assets: 3\n} }")
+    assert errors == []
+    assert warnings == [
+        "t.conf:2:3: jetstream.limits.max_ha_assets ignored: Tether runs as a single server: "
+        "nothing is replicated"
+    ]
+
+
+def test_toml_keys_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "tether.toml"
+    path.write_text(
+        "max_file_store = 1048576\njs_max_ack_pending = 50\njs_duplicate_window = 30.0\n"
+        "js_batch_timeout = 2.5\n"
+    )
+    cfg = load_config(path, {"max_memory_store": 4096, "max_file_store": None})
+    assert (cfg.max_memory_store, cfg.max_file_store) == (4096, MIB)
+    limits = jetstream_limits(cfg)
+    assert limits == ServerLimits(
+        max_memory=4096,
+        max_storage=MIB,
+        max_ack_pending=50,
+        duplicate_window_ns=30_000_000_000,
+        batch_timeout_ns=2_500_000_000,
+    )
+    assert limits.report() == {
+        "max_ack_pending": 50,
+        "max_duplicate_window": 30_000_000_000,
+        "max_batch_timeout": 2_500_000_000,
+    }
+    path.write_text("max_file_store = -2\n")
+    with pytest.raises(ValueError, match="max_file_store"):
+        load_config(path, {})
+
+
+def test_the_defaults_bound_nothing() -> None:
+    limits = jetstream_limits(ServerConfig())
+    assert limits == ServerLimits()
+    assert not limits.sized
+    assert limits.report() == {}
+
+
+# -- reservations ------------------------------------------------------------------------
+
+
+def test_check_reservation_is_nats_servers_check_bytes_limits() -> None:
+    limits = ServerLimits(max_memory=100, max_storage=1000)
+    limits.check_reservation("file", 600, 400)  # exactly full
+    with pytest.raises(ApiError) as exc:
+        limits.check_reservation("file", 601, 400)
+    assert (exc.value.code, exc.value.err_code) == (500, 10047)
+    with pytest.raises(ApiError) as exc:
+        limits.check_reservation("file", -1, 1000)  # no max_bytes still needs a byte
+    assert exc.value.err_code == 10047
+    limits.check_reservation("file", 0, 1000)  # an unchanged max_bytes needs none
+    with pytest.raises(ApiError) as exc:
+        limits.check_reservation("memory", 0, 101)  # already over: nothing passes
+    assert (exc.value.err_code, exc.value.description) == (
+        10028,
+        "insufficient memory resources available",
+    )
+    ServerLimits().check_reservation("file", 10**18, 10**18)  # no bound
+
+
+def body(**config: Any) -> bytes:
+    return json.dumps(config).encode()
+
+
+async def broker_with(limits: ServerLimits) -> Broker:
+    store = MemoryStore()
+    await store.open()
+    broker = Broker(store, FakeClock())
+    broker.set_limits(limits)
+    await broker.load()
+    return broker
+
+
+async def refused(broker: Broker, name: str, config: dict[str, Any]) -> int:
+    with pytest.raises(ApiError) as exc:
+        await broker.create_stream(name, body(name=name, **config))
+    return exc.value.err_code
+
+
+async def test_max_bytes_is_reserved_per_storage() -> None:
+    broker = await broker_with(ServerLimits(max_memory=1000, max_storage=2000))
+    assert await refused(broker, "F", {"storage": "file", "max_bytes": 2001}) == 10047
+    await broker.create_stream("F", body(name="F", subjects=["f"], storage="file", max_bytes=1500))
+    # nats-server counts the stream's own reservation again on an identical create.
+    assert await refused(broker, "F", {"subjects": ["f"], "storage": "file", "max_bytes": 1500})
+    assert await refused(broker, "G", {"storage": "file", "max_bytes": 501}) == 10047
+    await broker.create_stream("G", body(name="G", subjects=["g"], storage="file", max_bytes=500))
+    # No room left: a stream without max_bytes needs one byte, even naming no storage.
+    assert await refused(broker, "H", {"storage": "file"}) == 10047
+    assert await refused(broker, "H", {"subjects": ["h"]}) == 10047
+    # The request's max_bytes is checked before the rest of its configuration.
+    assert await refused(broker, "H", {"storage": "file", "max_bytes": 9, "max_age": -1}) == 10047
+    # Memory streams have their own bound.
+    assert await refused(broker, "M", {"storage": "memory", "max_bytes": 1001}) == 10028
+    await broker.create_stream("M", body(name="M", subjects=["m"], storage="memory"))
+    usage = broker.account_usage()
+    assert (usage["reserved_storage"], usage["reserved_memory"]) == (2000, 0)
+    # An update reserves only what it adds.
+    with pytest.raises(ApiError) as exc:
+        await broker.update_stream(
+            "F", body(name="F", subjects=["f"], storage="file", max_bytes=1501)
+        )
+    assert exc.value.err_code == 10047
+    await broker.update_stream("F", body(name="F", subjects=["f"], storage="file", max_bytes=1000))
+    assert broker.account_usage()["reserved_storage"] == 1500
+    broker.close()
+
+
+async def test_the_duplicate_window_is_capped() -> None:
+    broker = await broker_with(ServerLimits(duplicate_window_ns=30_000_000_000))
+    stream, _ = await broker.create_stream("D", body(name="D", subjects=["d"]))
+    assert stream.config.duplicate_window == 30_000_000_000  # the default, capped
+    with pytest.raises(ApiError) as exc:
+        await broker.create_stream(
+            "E", body(name="E", subjects=["e"], duplicate_window=60_000_000_000)
+        )
+    assert (exc.value.err_code, exc.value.description) == (
+        10052,
+        "duplicates window can not be larger then server limit of 30s",
+    )
+    broker.close()
+
+
+# -- a full store ------------------------------------------------------------------------
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.acks: list[Any] = []
+
+    def pub_acked(self, stream: str, first_seq: int, replies: list[str], duplicate: bool) -> None:
+        self.acks += [("ack", first_seq + i) for i in range(len(replies))]
+
+    def pub_failed(self, stream: str, replies: list[str], error: ApiError) -> None:
+        self.acks += [("err", error.err_code)] * len(replies)
+
+
+async def test_a_full_store_refuses_publishes_on_every_path() -> None:
+    # A file stream counts subject + payload + 30: "f" with 69 bytes is 100.
+    broker = await broker_with(ServerLimits(max_storage=250))
+    await broker.create_stream("F", body(name="F", subjects=["f", "g.*"], storage="file"))
+    await broker.create_stream("N", body(name="N", subjects=["n"], storage="memory"))
+    stream = broker.get_stream("F")
+    sink = Sink()
+    # The message that crosses the bound is stored, the next is refused (10023).
+    broker.publish_many(stream, "f", [b"x" * 69] * 4, ["r1", "r2", "r3", "r4"], sink)
+    await broker.store.flush()
+    # (a refusal is told at once, the acks after the commit)
+    assert sorted(sink.acks) == [("ack", 1), ("ack", 2), ("ack", 3), ("err", 10023)]
+    assert stream.state.bytes == 300
+    out: list[PubAck | ApiError] = []
+    broker.publish(stream, "f", b"NATS/1.0\r\nK: v\r\n\r\n", b"x", out.append)
+    broker.publish(stream, "f", None, b"x", out.append)
+    assert [(e.code, e.err_code, e.description) for e in out if isinstance(e, ApiError)] == [
+        (503, 10023, "insufficient resources")
+    ] * 2
+    sink.acks.clear()
+    broker.publish_mixed(stream, ["g.1", "g.2"], [b"a", b"b"], ["r1", "r2"], sink)
+    broker.publish_headered(stream, "f", [b"NATS/1.0\r\nK: v\r\n\r\n"], [b"a"], ["r"], sink)
+    assert sink.acks == [("err", 10023)] * 3
+    # Memory streams are bounded apart: this one has no bound.
+    broker.publish(broker.get_stream("N"), "n", None, b"x" * 1000, out.append)
+    await broker.store.flush()
+    assert out[-1] == PubAck("N", 1)
+    # Room again once messages go.
+    await broker.purge_stream("F", "", 0, 0)
+    broker.publish(stream, "f", None, b"x", out.append)
+    await broker.store.flush()
+    assert out[-1] == PubAck("F", 4)
+    broker.close()
+
+
+async def test_an_atomic_batch_is_refused_when_the_store_is_full() -> None:
+    broker = await broker_with(ServerLimits(max_memory=10))
+    await broker.create_stream(
+        "A", body(name="A", subjects=["a"], storage="memory", allow_atomic=True)
+    )
+    stream = broker.get_stream("A")
+    out: list[PubAck | ApiError] = []
+    broker.publish(stream, "a", None, b"x" * 20, out.append)
+    await broker.store.flush()
+    block = b"NATS/1.0\r\nNats-Batch-Id: b\r\nNats-Batch-Sequence: 1\r\n\r\n"
+    assert broker.publish_batch_message(stream, "a", block, b"y", out.append)
+    assert isinstance(out[-1], ApiError) and out[-1].err_code == 10023
+    broker.close()
+
+
+# -- consumers and batches ---------------------------------------------------------------
+
+
+def test_consumer_defaults_and_caps() -> None:
+    limits = ServerLimits(max_ack_pending=100, max_request_batch=10)
+    stream = StreamConfig(name="S", subjects=["s"])
+    pull = apply_defaults(
+        ConsumerConfig(durable_name="c", ack_policy="explicit"), stream, False, limits
+    )
+    assert (pull.max_ack_pending, pull.max_batch) == (100, 10)
+    validate(pull, stream, limits)
+    push = apply_defaults(
+        ConsumerConfig(durable_name="p", ack_policy="explicit", deliver_subject="d"),
+        stream,
+        False,
+        limits,
+    )
+    assert (push.max_ack_pending, push.max_batch) == (100, 0)
+    for config, code, text in [
+        (ConsumerConfig(durable_name="c", ack_policy="explicit", max_ack_pending=101), 10121,
+         "consumer max ack pending exceeds system limit of 100"),
+        (ConsumerConfig(durable_name="c", ack_policy="explicit", max_batch=11), 10125,
+         "consumer max request batch exceeds server limit of 10"),
+    ]:  # fmt: skip
+        apply_defaults(config, stream, False, limits)
+        with pytest.raises(ApiError) as exc:
+            validate(config, stream, limits)
+        assert (exc.value.code, exc.value.err_code, exc.value.description) == (400, code, text)
+    with pytest.raises(ApiError) as exc:
+        apply_defaults(ConsumerConfig(durable_name="c"), stream, True, limits)
+    assert exc.value.err_code == 10157
+    # A larger server limit leaves nats-server's default of 1000.
+    big = apply_defaults(
+        ConsumerConfig(durable_name="c", ack_policy="explicit"),
+        stream,
+        False,
+        ServerLimits(max_ack_pending=5000),
+    )
+    assert big.max_ack_pending == 1000
+
+
+async def test_atomic_batch_limits_follow_the_settings() -> None:
+    broker = await broker_with(
+        ServerLimits(batch_max_msgs=5, batch_inflight_per_stream=2, batch_timeout_ns=2 * 10**9)
+    )
+    limits = broker.batches.limits
+    assert (limits.max_size, limits.inflight_per_stream, limits.timeout_ns) == (5, 2, 2 * 10**9)
+    assert limits.inflight_total == AtomicBatches(FakeClock()).limits.inflight_total
+    broker.close()
