@@ -55,6 +55,7 @@ lame_duck_grace_period: "2s"
 debug: false
 logtime: true
 pid_file: "server.pid"
+max_traced_msg_len: 1024
 """
 LIMITS_CONF = """\
 max_payload = 512KB
@@ -190,7 +191,7 @@ async def test_tether_serves_a_nats_server_conf_file(tmp_path: Path) -> None:
         warnings = [line for line in server.lines if "[WAR]" in line]
         assert len(warnings) == 1, server.stderr
         assert warnings[0].endswith(
-            f"{conf}:16:3: jetstream.max_memory_store ignored: no server-wide memory limit yet"
+            f"{conf}:26:1: max_traced_msg_len ignored: messages are not traced"
         )
         pid_file = conf.parent / "server.pid"
         assert pid_file.read_text() == str(server.proc.pid)
