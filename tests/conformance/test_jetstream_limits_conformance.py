@@ -261,6 +261,32 @@ def test_atomic_batch_limits(limited: Pair) -> None:
     ]
 
 
+def test_fast_batch_limits(limited: Pair) -> None:
+    async def scenario(nc: Client, http: str) -> list[Any]:
+        await api(
+            nc, "$JS.API.STREAM.CREATE.FB", stream("FB", storage="memory", allow_batched=True)
+        )
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox + ".>")
+        for batch in ("one", "two", "three"):  # two open batches per stream
+            await nc.publish("fb.x", b"m", reply=f"{inbox}.{batch}.10.ok.1.0.$FI")
+        out: list[Any] = []
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except nats.errors.TimeoutError:
+                break
+            reply = json.loads(msg.data)
+            if "error" in reply:
+                out.append((msg.subject.split(".")[-6], reply))
+        return out
+
+    tether, peer = asyncio.run(run_both(limited, scenario))
+    assert tether == peer
+    too_many = limits_error(10211, "batch publish too many inflight", 429)
+    assert [(batch, reply["error"]) for batch, reply in peer] == [("three", too_many)]
+
+
 def test_publishes_into_a_full_store(full: Pair) -> None:
     async def scenario(nc: Client, http: str) -> list[Any]:
         out: list[Any] = []
