@@ -280,6 +280,27 @@ async def test_a_full_store_refuses_publishes_on_every_path() -> None:
     broker.close()
 
 
+async def test_the_streams_of_one_storage_share_the_bound() -> None:
+    broker = await broker_with(ServerLimits(max_storage=250))
+    for name in ("A", "B"):
+        await broker.create_stream(name, body(name=name, subjects=[name.lower()]))
+    out: list[PubAck | ApiError] = []
+    for _ in range(3):
+        broker.publish(broker.get_stream("A"), "a", None, b"x" * 69, out.append)
+    await broker.store.flush()
+    # The other streams' bytes count from the next loop turn on.
+    broker.publish(broker.get_stream("B"), "b", None, b"x", out.append)
+    await broker.store.flush()
+    assert out == [PubAck("A", 1), PubAck("A", 2), PubAck("A", 3), out[-1]]
+    assert isinstance(out[-1], ApiError) and out[-1].err_code == 10023
+    await broker.delete_stream("A")
+    await broker.store.flush()
+    broker.publish(broker.get_stream("B"), "b", None, b"x", out.append)
+    await broker.store.flush()
+    assert out[-1] == PubAck("B", 1)
+    broker.close()
+
+
 async def test_an_atomic_batch_is_refused_when_the_store_is_full() -> None:
     broker = await broker_with(ServerLimits(max_memory=10))
     await broker.create_stream(

@@ -157,6 +157,7 @@ class Broker:
         self.batches = AtomicBatches(clock)
         # The server's JetStream limits (engine/limits.py); set by whoever runs the server.
         self.limits = ServerLimits()
+        self._others: dict[str, int] = {}  # per stream: the bytes of the others (_room)
         # The one timer heap for delayed work (stream schedules, HTTP scheduled messages).
         self.timetable = sched.Timetable(clock)
         self._counters: dict[str, counters.CounterValues] = {}
@@ -427,14 +428,28 @@ class Broker:
     def _room(self, stream: Stream) -> int | None:
         """How many bytes the server's bound for ``stream``'s storage leaves to it (the
         other streams' bytes taken off; below 0 when they hold more), or None when
-        there is no bound."""
-        if not self.limits.sized:
+        there is no bound.
+
+        The other streams' bytes are summed once per loop turn and stream (a publish
+        must not cost a pass over every stream): what they store during the same turn
+        counts from the next one. ``stream``'s own bytes are always current."""
+        limits = self.limits
+        if not limits.sized:
             return None
         storage = stream.config.storage
-        bound = self.limits.bound(storage)
+        bound = limits.bound(storage)
         if bound < 0:
             return None
-        return bound - (self.used(storage) - stream.state.bytes)
+        others = self._others.get(stream.name)
+        if others is None:
+            others = self.used(storage) - stream.state.bytes
+            if not self._others:
+                with contextlib.suppress(RuntimeError):  # no loop: nothing is kept
+                    asyncio.get_running_loop().call_soon(self._others.clear)
+                    self._others[stream.name] = others
+            else:
+                self._others[stream.name] = others
+        return bound - others
 
     def _check_full(self, stream: Stream) -> None:
         """nats-server's ``limitsExceeded``: 10023 once the streams of ``stream``'s
