@@ -1,10 +1,12 @@
 """Streams with ``compression: "s2"`` through nats-py against ``tether serve`` on SQLite:
 payloads are stored compressed, every read gives them back as sent (get, direct get,
 consumers, key-value, object store), sizes stay those of the messages as sent, and it
-all holds across a restart and a change of the setting."""
+all holds across a restart and a change of the setting. The NSQ front door reads
+them back from the store after a restart too."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -12,6 +14,8 @@ from pathlib import Path
 import nats
 from nats.js.api import StoreCompression, StreamConfig
 
+from tether.protocol.nsq import FrameReader, commands
+from tether.protocol.nsq.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tether.testing import run_server
 
 N = 200
@@ -150,3 +154,40 @@ async def test_key_value_and_object_store_on_compressed_streams(tmp_path: Path) 
             await nc.close()
     assert any(size is not None for _, size, _ in stored(tmp_path, "KV_cfg"))
     assert all(size is not None for _, size, _ in stored(tmp_path, "OBJ_files")[:-1])
+
+
+async def test_an_nsq_channel_reads_compressed_messages_from_the_store(tmp_path: Path) -> None:
+    sent = [document(i) for i in range(20)]
+    args = ["--nsq-port", "-1"]
+    with run_server(store=tmp_path, args=args) as srv:
+        reader, writer = await asyncio.open_connection(srv.host, srv.nsq_port)
+        writer.write(commands.MAGIC_V2 + commands.sub("zipped", "ch"))  # makes the topic
+        frames = FrameReader()
+        assert frames.feed(await reader.read(1024)) == [(FRAME_RESPONSE, b"OK")]
+        writer.close()
+        nc = await nats.connect(srv.url)
+        try:
+            js = nc.jetstream()
+            cfg = (await js.stream_info("NSQ_zipped")).config
+            cfg.compression = StoreCompression.S2
+            await js.update_stream(cfg)
+            for data in sent:
+                await js.publish("nsq.zipped", data)
+        finally:
+            await nc.close()
+    assert all(size is not None for _, size, _ in stored(tmp_path, "NSQ_zipped"))
+
+    # After a restart nothing is cached: the channel's messages come from the store.
+    with run_server(store=tmp_path, args=args) as srv:
+        reader, writer = await asyncio.open_connection(srv.host, srv.nsq_port)
+        writer.write(commands.MAGIC_V2 + commands.sub("zipped", "ch") + commands.rdy(100))
+        frames = FrameReader()
+        bodies: list[bytes] = []
+        while len(bodies) < len(sent):
+            data = await asyncio.wait_for(reader.read(1 << 16), 10)
+            assert data, "connection closed"
+            for frame in frames.feed(data):
+                if frame.frame_type == FRAME_MESSAGE:
+                    bodies.append(frame.message().body)
+        writer.close()
+        assert bodies == sent

@@ -205,10 +205,17 @@ SQL_DELETE_STREAM = (
 # broke during COMMIT): the run replaces them.
 SQL_CLEAR_FROM = "DELETE FROM tether_messages WHERE stream = %s AND seq >= %s"
 SQL_COPY_MESSAGES = (
+    "COPY tether_messages (stream, seq, subject, headers, data, ts, priority, crc)"
+    " FROM STDIN (FORMAT BINARY)"
+)
+COPY_TYPES = ["text", "int8", "text", "bytea", "bytea", "int8", "int4", "int8"]
+# Rows with a compressed payload go in with a COPY of their own, with ``plain_size``:
+# the rows of every other stream carry no more than before compression existed.
+SQL_COPY_PACKED = (
     "COPY tether_messages (stream, seq, subject, headers, data, ts, priority, crc, plain_size)"
     " FROM STDIN (FORMAT BINARY)"
 )
-COPY_TYPES = ["text", "int8", "text", "bytea", "bytea", "int8", "int4", "int8", "int8"]
+PACKED_TYPES = [*COPY_TYPES, "int8"]
 SQL_RAISE_LAST_SEQ = (
     "INSERT INTO tether_stream_seq (stream, last_seq) VALUES (%s, %s)"
     " ON CONFLICT (stream) DO UPDATE"
@@ -456,12 +463,13 @@ class _Transaction:
     rows: every row says how it is stored).
     """
 
-    __slots__ = ("_compressing", "_conn", "_first", "_rows", "_states", "last_seqs")
+    __slots__ = ("_compressing", "_conn", "_first", "_packed", "_rows", "_states", "last_seqs")
 
     def __init__(self, conn: psycopg.Connection[Any], compressing: set[str]) -> None:
         self._conn = conn
         self._compressing = compressing
-        self._rows: list[tuple[str, int, str, bytes, bytes, int, int, int, int | None]] = []
+        self._rows: list[tuple[str, int, str, bytes, bytes, int, int, int]] = []
+        self._packed: list[tuple[str, int, str, bytes, bytes, int, int, int, int]] = []
         self._first: dict[str, int] = {}  # stream -> first seq buffered
         self._states: dict[tuple[str, str], bytes] = {}
         self.last_seqs: dict[str, int] = {}
@@ -480,13 +488,16 @@ class _Transaction:
                 crc = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
                 if headers:
                     crc = crc32(headers, crc)
-                crc = crc32(data, crc)
-                plain_size = None
-                if squeeze:
-                    packed = compress(data)
-                    if packed is not None:
-                        data, plain_size = packed, len(data)
-                rows.append((stream, seq, m.subject, headers, data, ts, priority, crc, plain_size))
+                packed = compress(data) if squeeze else None
+                if packed is None:
+                    rows.append(
+                        (stream, seq, m.subject, headers, data, ts, priority, crc32(data, crc))
+                    )
+                else:
+                    crc, plain_size = crc32(data, crc), len(data)
+                    self._packed.append(
+                        (stream, seq, m.subject, headers, packed, ts, priority, crc, plain_size)
+                    )
                 if stream not in first:
                     first[stream] = seq
                 if seq > last_seqs.get(stream, 0):
@@ -532,18 +543,26 @@ class _Transaction:
                 cur.executemany(SQL_RAISE_LAST_SEQ, list(self.last_seqs.items()))
 
     def _flush_rows(self) -> None:
-        rows = self._rows
-        if not rows:
+        rows, packed = self._rows, self._packed
+        if not rows and not packed:
             return
         with self._conn.cursor() as cur:
             for stream, seq in self._first.items():
                 cur.execute(SQL_CLEAR_FROM, (stream, seq))
-            with cur.copy(SQL_COPY_MESSAGES) as copy:
-                copy.set_types(COPY_TYPES)
-                write = copy.write_row
-                for row in rows:
-                    write(row)
+            if rows:
+                with cur.copy(SQL_COPY_MESSAGES) as copy:
+                    copy.set_types(COPY_TYPES)
+                    write = copy.write_row
+                    for row in rows:
+                        write(row)
+            if packed:
+                with cur.copy(SQL_COPY_PACKED) as copy:
+                    copy.set_types(PACKED_TYPES)
+                    write = copy.write_row
+                    for packed_row in packed:
+                        write(packed_row)
         rows.clear()
+        packed.clear()
         self._first.clear()
 
     def _flush_states(self) -> None:

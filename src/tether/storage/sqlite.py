@@ -173,10 +173,17 @@ SQL_DELETE_STREAM = (
     "DELETE FROM stream_seq WHERE stream = ?",
 )
 SQL_APPEND_INTO = (
+    "INSERT OR REPLACE INTO messages (stream, seq, subject, headers, data, ts, priority, crc)"
+    " VALUES "
+)
+APPEND_COLUMNS = 8
+# Rows with a compressed payload have their own statement, with ``plain_size``: the
+# rows of every other stream bind no more values than before compression existed.
+SQL_APPEND_PACKED_INTO = (
     "INSERT OR REPLACE INTO messages"
     " (stream, seq, subject, headers, data, ts, priority, crc, plain_size) VALUES "
 )
-APPEND_COLUMNS = 9
+PACKED_COLUMNS = 9
 # Appends are written by statements of several rows each (``VALUES (…), (…), …``):
 # sqlite3 releases and re-takes the GIL around every statement step, so one row per
 # step (executemany) means one GIL round trip per message, each a wait while the
@@ -198,7 +205,13 @@ def _blob(value: bytes) -> bytes | bytearray:
 @functools.lru_cache(maxsize=16)
 def sql_append_rows(rows: int) -> str:
     """The append statement for ``rows`` rows at once."""
-    return SQL_APPEND_INTO + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return SQL_APPEND_INTO + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
+
+
+@functools.lru_cache(maxsize=16)
+def sql_append_packed_rows(rows: int) -> str:
+    """The append statement for ``rows`` rows with compressed payloads at once."""
+    return SQL_APPEND_PACKED_INTO + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
 
 
 SQL_RAISE_LAST_SEQ = (
@@ -229,9 +242,14 @@ SQL_LOAD_INDEX = (
     f" + {_OVERHEAD},"
     f" ts, priority, {_OVERHEAD} FROM messages WHERE stream = ?1 ORDER BY seq"
 )
-# Every read of messages returns these columns, the checksum then the plain size of a
-# compressed payload last, and verifies the checksum.
-_COLUMNS = "seq, subject, headers, data, ts, priority, crc, plain_size"
+# Every read of messages returns these columns, the checksum last, and verifies it. A
+# compressed payload comes back decompressed by tether_plain() (see _plain), called by
+# SQLite for those rows alone: rows stored as sent cost a NULL test, made in C.
+_COLUMNS = (
+    "seq, subject, headers,"
+    " CASE WHEN plain_size IS NULL THEN data ELSE tether_plain(data, plain_size) END,"
+    " ts, priority, crc"
+)
 SQL_READ = f"SELECT {_COLUMNS} FROM messages WHERE stream = ? AND seq = ?"
 SQL_READ_RANGE = (
     f"SELECT {_COLUMNS} FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT ?"
@@ -618,6 +636,7 @@ class _Transaction:
     __slots__ = (
         "_compressing",
         "_conn",
+        "_packed",
         "_params",
         "_states",
         "_unclaim",
@@ -630,8 +649,8 @@ class _Transaction:
     ) -> None:
         self._conn = conn
         self._compressing = compressing
-        # APPEND_COLUMNS per buffered row
-        self._params: list[str | int | bytes | bytearray | None] = []
+        self._params: list[str | int | bytes | bytearray] = []  # APPEND_COLUMNS per buffered row
+        self._packed: list[str | int | bytes | bytearray] = []  # PACKED_COLUMNS per row
         self._states: dict[tuple[str, str], bytes] = {}
         self._unclaim = unclaim
         self.last_seqs: dict[str, int] = {}
@@ -653,23 +672,30 @@ class _Transaction:
                 crc = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
                 if headers:
                     crc = crc32(headers, crc)
-                crc = crc32(data, crc)
-                plain_size = None
-                if squeeze:
-                    packed = compress(data)
-                    if packed is not None:
-                        data, plain_size = packed, len(data)
-                params += (
-                    stream,
-                    seq,
-                    m.subject,
-                    _blob(headers),
-                    _blob(data),
-                    ts,
-                    priority,
-                    crc,
-                    plain_size,
-                )
+                packed = compress(data) if squeeze else None
+                if packed is None:
+                    params += (
+                        stream,
+                        seq,
+                        m.subject,
+                        _blob(headers),
+                        _blob(data),
+                        ts,
+                        priority,
+                        crc32(data, crc),
+                    )
+                else:
+                    self._packed += (
+                        stream,
+                        seq,
+                        m.subject,
+                        _blob(headers),
+                        _blob(packed),
+                        ts,
+                        priority,
+                        crc32(data, crc),
+                        len(data),
+                    )
                 if seq > last_seqs.get(stream, 0):
                     last_seqs[stream] = seq
             elif op[0] == PUT_CONSUMER_STATE:
@@ -720,16 +746,24 @@ class _Transaction:
             self._conn.executemany(SQL_RAISE_LAST_SEQ, self.last_seqs.items())
 
     def _flush_rows(self) -> None:
-        params = self._params
-        if not params:
-            return
+        if self._params:
+            self._insert(self._params, APPEND_COLUMNS, sql_append_rows)
+        if self._packed:
+            self._insert(self._packed, PACKED_COLUMNS, sql_append_packed_rows)
+
+    def _insert(
+        self,
+        params: list[str | int | bytes | bytearray],
+        columns: int,
+        sql: Callable[[int], str],
+    ) -> None:
         execute = self._conn.execute
-        left = len(params) // APPEND_COLUMNS
+        left = len(params) // columns
         start = 0
         while left:
             rows = APPEND_ROWS_MAX if left >= APPEND_ROWS_MAX else 1 << (left.bit_length() - 1)
-            end = start + rows * APPEND_COLUMNS
-            execute(sql_append_rows(rows), params[start:end])
+            end = start + rows * columns
+            execute(sql(rows), params[start:end])
             start = end
             left -= rows
         params.clear()
@@ -744,12 +778,22 @@ class _Transaction:
 
 
 # -- reads (on the reader threads) ------------------------------------------------------
-# Rows come back as (seq, subject, headers, data, ts, priority, crc, plain_size). A
-# compressed payload is decompressed first, then each row is checked against its
-# checksum (of the message as sent) before anything of it is returned: a damaged
-# message raises CorruptMessage, it is never served as content.
+# Rows come back as (seq, subject, headers, data, ts, priority, crc), ``data``
+# decompressed. Each is checked against its checksum (of the message as sent) before
+# anything of it is returned: a damaged message raises CorruptMessage, it is never
+# served as content.
 
-Row = tuple[int, str, bytes, bytes, int, int, int, int | None]
+Row = tuple[int, str, bytes, bytes, int, int, int]
+
+
+def _plain(packed: object, size: object) -> bytes | None:
+    """SQL ``tether_plain(data, plain_size)``: a compressed payload decompressed, or
+    NULL when it does not decompress to ``size`` bytes (damage, which the checksum
+    then reports: raising would fail the whole statement)."""
+    try:
+        return decompress(packed, size)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return None
 
 
 def _damage_hint(path: Path) -> str:
@@ -759,8 +803,8 @@ def _damage_hint(path: Path) -> str:
     )
 
 
-# A damaged row may even hold values of the wrong type (a TEXT where a BLOB was), or
-# a compressed payload that does not decompress (ValueError).
+# A damaged row may even hold values of the wrong type (a TEXT where a BLOB was, a
+# NULL for a compressed payload that does not decompress).
 _WRONG_TYPE = (TypeError, AttributeError, ValueError, struct.error)
 
 
@@ -772,9 +816,7 @@ def _verified(stream: str, rows: Sequence[Row], path: Path) -> list[StoredMessag
     add = out.append
     seq = 0
     try:
-        for seq, subject, headers, data, ts, priority, crc, plain_size in rows:
-            if plain_size is not None:
-                data = decompress(data, plain_size)
+        for seq, subject, headers, data, ts, priority, crc in rows:
             s = subject.encode()
             c = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
             if headers:
@@ -788,12 +830,11 @@ def _verified(stream: str, rows: Sequence[Row], path: Path) -> list[StoredMessag
 
 
 def _check_rows(stream: str, rows: list[Row], path: Path) -> None:
-    """Raise CorruptMessage for the first of ``rows`` that does not match its checksum
-    (rows of plain payloads only)."""
+    """Raise CorruptMessage for the first of ``rows`` that does not match its checksum."""
     seed = stream_seed(stream)
     seq = 0
     try:
-        for seq, subject, headers, data, ts, priority, crc, _ in rows:
+        for seq, subject, headers, data, ts, priority, crc in rows:
             s = subject.encode()
             c = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
             if headers:
@@ -827,7 +868,7 @@ def _read_range(
     total = 0
     try:
         for row in cursor:
-            total += len(row[1]) + len(row[2]) + (row[7] or len(row[3])) + 16
+            total += len(row[1]) + len(row[2]) + len(row[3] or b"") + 16
             if rows and total > max_bytes:
                 break
             rows.append(row)
@@ -849,10 +890,8 @@ def _read_columns(
     rows = conn.execute(SQL_READ_ROWS, (stream, start_seq, last_seq, limit)).fetchall()
     if not rows:
         return MessageColumns([], [], [], [], [])
-    seqs, subjects, headers, data, stamps, _, _, sizes = map(list, zip(*rows, strict=True))
-    if sizes.count(None) != len(sizes):  # compressed payloads: the per-row path
-        return MessageColumns.of(_verified(stream, rows, path))
     _check_rows(stream, rows, path)
+    seqs, subjects, headers, data, stamps, _, _ = map(list, zip(*rows, strict=True))
     return MessageColumns(seqs, subjects, headers, data, stamps)
 
 
@@ -973,6 +1012,7 @@ class SqliteStore(ThreadedStore[_Writer, sqlite3.Connection]):
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         self._keep_reader(conn)
         conn.execute(SQL_BUSY_TIMEOUT)
+        conn.create_function("tether_plain", 2, _plain, deterministic=True)
         return conn
 
     def stats(self) -> StoreStats:
