@@ -210,6 +210,11 @@ def test_consumer_limits(limited: Pair) -> None:
             body = {"stream_name": "C", "config": {"durable_name": name, **config}}
             reply = await api(nc, f"$JS.API.CONSUMER.CREATE.C.{name}", body)
             out.append(outcome(reply, "max_ack_pending", "max_batch"))
+        # A stream's consumer_limits bound max_ack_pending below the server's.
+        limited = stream("CL", storage="memory", consumer_limits={"max_ack_pending": 50})
+        await api(nc, "$JS.API.STREAM.CREATE.CL", limited)
+        body = {"stream_name": "CL", "config": {"durable_name": "d", "max_ack_pending": 60}}
+        out.append(outcome(await api(nc, "$JS.API.CONSUMER.CREATE.CL.d", body)))
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
         request = {"batch": 20, "expires": 1_000_000_000}
@@ -227,6 +232,7 @@ def test_consumer_limits(limited: Pair) -> None:
         limits_error(10125, "consumer max request batch exceeds server limit of 10", 400),
         {"max_ack_pending": 100, "max_batch": None},
         limits_error(10026, "maximum consumers limit reached", 400),
+        limits_error(10121, "consumer max ack pending exceeds system limit of 50", 400),
         "409",
         "Exceeded MaxRequestBatch of 10",
     ]

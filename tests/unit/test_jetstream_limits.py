@@ -347,6 +347,12 @@ def test_consumer_defaults_and_caps() -> None:
     with pytest.raises(ApiError) as exc:
         apply_defaults(ConsumerConfig(durable_name="c"), stream, True, limits)
     assert exc.value.err_code == 10157
+    # A stream's consumer_limits bound it too, with the same error.
+    bounded = StreamConfig(name="S", subjects=["s"], consumer_limits={"max_ack_pending": 50})
+    config = ConsumerConfig(durable_name="c", ack_policy="explicit", max_ack_pending=60)
+    with pytest.raises(ApiError) as exc:
+        validate(apply_defaults(config, bounded, False, limits), bounded, limits)
+    assert exc.value.description == "consumer max ack pending exceeds system limit of 50"
     # A larger server limit leaves nats-server's default of 1000.
     big = apply_defaults(
         ConsumerConfig(durable_name="c", ack_policy="explicit"),

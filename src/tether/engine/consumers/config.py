@@ -364,6 +364,10 @@ def validate(
             raise max_request_batch_excess(server.max_request_batch)
     if server is not None and 0 < server.max_ack_pending < config.max_ack_pending:
         raise max_ack_pending_excess(server.max_ack_pending)
+    # The stream's consumer_limits bound it the same way (the same error, its "system").
+    stream_limit = int((stream.consumer_limits or {}).get("max_ack_pending") or 0)
+    if 0 < stream_limit < config.max_ack_pending:
+        raise max_ack_pending_excess(stream_limit)
     if config.filter_subject and config.filter_subjects:
         raise _e(400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified")
     if any(f == "" for f in config.filter_subjects):
