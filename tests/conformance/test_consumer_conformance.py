@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import nats
@@ -131,8 +131,12 @@ class Session:
         await sub.unsubscribe()
         self.log.append(got)
 
-    async def collect(self, sub: Any, wait: float) -> None:
-        """Everything a subscription receives for ``wait`` seconds."""
+    async def collect(
+        self, sub: Any, wait: float, until: Callable[[list[Any]], bool] | None = None
+    ) -> None:
+        """Everything a subscription receives for ``wait`` seconds, or up to the moment
+        ``until`` holds for what it has received (``wait`` then only bounds a failure:
+        a loaded machine delays deliveries and heartbeats)."""
         got: list[Any] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -144,6 +148,8 @@ class Session:
             if msg.reply.startswith("$JS.ACK."):
                 self.acks[int(msg.reply.split(".")[5])] = msg.reply
             got.append(observe(msg))
+            if until is not None and until(got):
+                break
         self.log.append(got)
 
     async def ack(self, seq: int, body: bytes = b"+ACK", reply: bool = False) -> None:
@@ -358,7 +364,8 @@ async def push(s: Session) -> None:
     await s.consumer(
         "U", "P", ack_policy="explicit", deliver_subject="push.in", idle_heartbeat=200_000_000
     )
-    await s.collect(sub, 0.3)
+    # The two messages, then the first idle heartbeat (200 ms later; later ones are timing).
+    await s.collect(sub, 5.0, until=lambda got: tuple(got[-1])[:2] == ("status", "100"))
     await s.info("U", "P")
     await s.ack(1)
     await s.ack(2)

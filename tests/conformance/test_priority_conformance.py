@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,43 @@ def _replace(value: Any, names: dict[str, str]) -> Any:
     if isinstance(value, list):
         return [_replace(v, names) for v in value]
     return value
+
+
+async def until(what: str, done: Callable[[], bool]) -> None:
+    """Wait for something observable (a delivery, an advisory) instead of a fixed time:
+    a loaded machine delays timers and deliveries. The deadline only bounds a failure."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not done():
+        assert loop.time() < deadline, f"not within 10 s: {what}"
+        await asyncio.sleep(0.01)
+
+
+async def num_waiting(s: Session, stream: str, consumer: str, n: int) -> None:
+    """Wait until the consumer holds ``n`` waiting pull requests (its info, not logged)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        msg = await s.nc.request(f"{API}.CONSUMER.INFO.{stream}.{consumer}", b"", timeout=2)
+        waiting = json.loads(msg.data).get("num_waiting", 0)
+        if waiting == n:
+            return
+        assert loop.time() < deadline, f"{stream} > {consumer}: {waiting} waiting, not {n}"
+        await asyncio.sleep(0.01)
+
+
+async def stored(s: Session, stream: str, n: int) -> None:
+    """Wait until ``stream`` holds ``n`` messages published without waiting for their
+    acks (its info, not logged)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        msg = await s.nc.request(f"{API}.STREAM.INFO.{stream}", b"", timeout=2)
+        count = json.loads(msg.data).get("state", {}).get("messages", 0)
+        if count == n:
+            return
+        assert loop.time() < deadline, f"{stream}: {count} messages stored, not {n}"
+        await asyncio.sleep(0.01)
 
 
 def canonical_pins(log: list[Any]) -> list[Any]:
@@ -102,9 +140,12 @@ class Advisories:
         for subject in self.subjects:
             self.subs.append(await self.s.nc.subscribe(subject, cb=keep))
 
-    async def log(self, wait: float = 0.2) -> None:
-        """What arrived since the last call."""
-        await asyncio.sleep(wait)
+    async def log(self, expect: int, quiet: float = 0.2) -> None:
+        """What arrived since the last call: once ``expect`` advisories are in (nats-server
+        sends them from its own queue, a moment after the request), and ``quiet`` more
+        seconds for any unexpected one."""
+        await until(f"{expect} advisories, got {self.got}", lambda: len(self.got) >= expect)
+        await asyncio.sleep(quiet)
         self.s.log.append(self.got)
         self.got = []
 
@@ -152,7 +193,7 @@ async def overflow(s: Session) -> None:
         {"batch": 1, "no_wait": True, "priority": -1},
         {"batch": 1, "no_wait": True, "group": "a", "priority": 3},
     ):
-        await s.pull("O", "N", body, wait=0.3)
+        await s.pull("O", "N", body, wait=5.0)  # each ends with a status at once
     await s.consumer(
         "O", "C", ack_policy="explicit", priority_groups=["a"], priority_policy="overflow"
     )
@@ -163,16 +204,23 @@ async def overflow(s: Session) -> None:
         {"batch": 1, "no_wait": True, "group": "a", "id": "x"},
         {"batch": 1, "no_wait": True, "group": "a", "priority": 2},
     ):
-        await s.pull("O", "C", body, wait=0.3)
+        await s.pull("O", "C", body, wait=5.0)
     await s.pub("o.a", 3)
-    await s.pull("O", "C", {"batch": 5, "expires": 300_000_000, "group": "a", "min_pending": 4})
-    await s.pull("O", "C", {"batch": 1, "expires": 300_000_000, "group": "a", "min_pending": 3})
-    await s.pull("O", "C", {"batch": 1, "expires": 300_000_000, "group": "a", "min_ack_pending": 2})
-    await s.pull(
-        "O",
-        "C",
-        {"batch": 1, "expires": 300_000_000, "group": "a", "min_ack_pending": 1, "min_pending": 9},
-    )
+    # Each ends with its batch or a 408 (a longer wait only bounds a slow machine).
+    body = {"batch": 5, "expires": 300_000_000, "group": "a", "min_pending": 4}
+    await s.pull("O", "C", body, wait=5.0)
+    body = {"batch": 1, "expires": 300_000_000, "group": "a", "min_pending": 3}
+    await s.pull("O", "C", body, wait=5.0)
+    body = {"batch": 1, "expires": 300_000_000, "group": "a", "min_ack_pending": 2}
+    await s.pull("O", "C", body, wait=5.0)
+    body = {
+        "batch": 1,
+        "expires": 300_000_000,
+        "group": "a",
+        "min_ack_pending": 1,
+        "min_pending": 9,
+    }
+    await s.pull("O", "C", body, wait=5.0)
     await s.pull("O", "C", {"batch": 1, "no_wait": True, "group": "a", "min_pending": 100})
     await s.pull("O", "C", {"batch": 1, "no_wait": True, "group": "a"})
     await s.info("O", "C")
@@ -193,26 +241,26 @@ async def pinned(s: Session) -> None:
     await s.pub("p.a", 4)
     await s.pull("P", "C", {"batch": 2, "expires": 300_000_000, "group": "g"})
     pin = last_pin(s)
-    await adv.log()
+    await adv.log(1)  # pinned
     await s.info("P", "C")
     await s.pull("P", "C", {"batch": 1, "expires": 200_000_000, "group": "g", "id": "nope"})
-    # A standby (no id) gets nothing while the pin holds.
-    await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g"})
+    # A standby (no id) gets nothing while the pin holds: its request expires (408).
+    await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g"}, wait=5.0)
     await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g", "id": pin})
     await s.req(f"{API}.CONSUMER.UNPIN.P.C", {"group": "g"})
-    await adv.log()
+    await adv.log(1)  # unpinned
     await s.info("P", "C")
     # The old pin is stale now: a waiting request with it ends with 423.
     await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g", "id": pin})
     await s.pull("P", "C", {"batch": 1, "expires": 300_000_000, "group": "g"})
-    await adv.log()
+    await adv.log(1)  # pinned anew
     await s.info("P", "C")
     for body in ({}, {"group": "zz"}, {"group": "a.b"}, {"group": "g", "x": 1}):
         await s.req(f"{API}.CONSUMER.UNPIN.P.C", body)
     await s.req(f"{API}.CONSUMER.UNPIN.P.C", b"")
     await s.req(f"{API}.CONSUMER.UNPIN.P.NOPE", {"group": "g"})
     await s.req(f"{API}.CONSUMER.UNPIN.NOPE.C", {"group": "g"})
-    await adv.log()
+    await adv.log(1)  # unpinned by the request with an unknown field
     await adv.stop()
 
 
@@ -230,12 +278,12 @@ async def pin_timeout(s: Session) -> None:
     )
     await s.pub("t.a", 2)
     await s.pull("T", "C", {"batch": 1, "no_wait": True, "group": "g"})
-    # Nobody pulls with the pin: it times out and the next request gets a new one.
-    await asyncio.sleep(1.0)
-    await adv.log(0)
+    # Nobody pulls with the pin: it times out (the unpinned advisory says when) and the
+    # next request gets a new one.
+    await adv.log(2)  # pinned, then unpinned by the timeout
     await s.info("T", "C")
     await s.pull("T", "C", {"batch": 1, "no_wait": True, "group": "g"})
-    await adv.log(1.0)  # pinned, then unpinned again by the timeout
+    await adv.log(2)  # pinned, then unpinned again by the timeout
     await adv.stop()
 
 
@@ -245,26 +293,27 @@ async def prioritized(s: Session) -> None:
         "Q", "C", ack_policy="explicit", priority_groups=["g"], priority_policy="prioritized"
     )
     subs = []
+    got: list[list[Any]] = []
     for priority in (5, 1, 3, 1):
         inbox = s.nc.new_inbox()
-        sub = await s.nc.subscribe(inbox)
-        subs.append(sub)
-        body = {"batch": 2, "expires": 1_000_000_000, "group": "g", "priority": priority}
+        received: list[Any] = []
+        got.append(received)
+
+        async def keep(msg: Any, received: list[Any] = received) -> None:
+            received.append(observe(msg))
+
+        subs.append(await s.nc.subscribe(inbox, cb=keep))
+        # The lowest priority (5) gets nothing: it must still be waiting, not expired,
+        # when its log is taken, however slow the machine.
+        body = {"batch": 2, "expires": 30_000_000_000, "group": "g", "priority": priority}
         await s.nc.publish(f"{API}.CONSUMER.MSG.NEXT.Q.C", json.dumps(body).encode(), reply=inbox)
-    await s.nc.flush()
-    await asyncio.sleep(0.1)
+    await num_waiting(s, "Q", "C", 4)  # all four are in before the first message
     await s.pub("q.a", 6)
-    await asyncio.sleep(0.2)
-    for sub in subs:
-        got = []
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=0.05)
-            except Exception:
-                break
-            got.append(observe(msg))
-        s.log.append(got)
+    await until("6 deliveries", lambda: sum(len(g) for g in got) >= 6)
+    await asyncio.sleep(0.05)  # for anything unexpected after them
+    for sub, received in zip(subs, got, strict=True):
         await sub.unsubscribe()
+        s.log.append(list(received))
     await s.info("Q", "C")
 
 
@@ -336,25 +385,24 @@ async def config_fields(s: Session) -> None:
     # Not pedantic: the same values are adjusted.
     await s.consumer("F", "LAX", max_deliver=-5, max_batch=-1, priority_timeout=-1)
     # Sampled acks are reported on $JS.EVENT.METRIC.
-    metrics = await s.nc.subscribe("$JS.EVENT.METRIC.CONSUMER.ACK.F.*")
+    got: list[Any] = []
+
+    async def keep(msg: Any) -> None:
+        event = json.loads(msg.data)
+        for key in (*_ADVISORY_VOLATILE, "ack_time"):
+            event.pop(key, None)
+        got.append((msg.subject, event))
+
+    metrics = await s.nc.subscribe("$JS.EVENT.METRIC.CONSUMER.ACK.F.*", cb=keep)
     await s.consumer("F", "SAMPLED", ack_policy="explicit", sample_freq="100%")
     await s.pub("f.a", 2)
     await s.pull("F", "SAMPLED", {"batch": 2, "no_wait": True})
     await s.ack(1)
     await s.ack(2)
-    got = []
-    await asyncio.sleep(0.1)
-    while True:
-        try:
-            msg = await metrics.next_msg(timeout=0.05)
-        except Exception:
-            break
-        event = json.loads(msg.data)
-        for key in (*_ADVISORY_VOLATILE, "ack_time"):
-            event.pop(key, None)
-        got.append((msg.subject, event))
-    s.log.append(got)
+    await until("2 ack metrics", lambda: len(got) >= 2)  # one per ack: 100% sampled
+    await asyncio.sleep(0.05)  # for anything unexpected after them
     await metrics.unsubscribe()
+    s.log.append(list(got))
 
 
 async def pulls(s: Session, consumer: str, *requests: tuple[str, dict[str, Any]]) -> None:
@@ -368,11 +416,12 @@ async def pulls(s: Session, consumer: str, *requests: tuple[str, dict[str, Any]]
 
 
 async def until_status(sub: Subscription) -> list[Any]:
-    """What ``sub`` receives, observed, up to its first status (or 1.5 s of quiet)."""
+    """What ``sub`` receives, observed, up to its first status (or 5 s of quiet: the
+    statuses awaited here come from expiries of at most 2 s)."""
     got = []
     while True:
         try:
-            msg = await sub.next_msg(timeout=1.5)
+            msg = await sub.next_msg(timeout=5)
         except Exception:
             break
         got.append(observe(msg))
@@ -386,14 +435,14 @@ async def stalls(s: Session) -> None:
     await s.consumer("M", "C", ack_policy="explicit", max_ack_pending=2)
     await s.pub("m.a", 5)
     # A one-shot stalled by max_ack_pending stays until it expires (408), as on nats-server.
-    await s.pull("M", "C", {"batch": 5, "no_wait": True, "expires": 500_000_000}, wait=1.0)
+    await s.pull("M", "C", {"batch": 5, "no_wait": True, "expires": 500_000_000}, wait=5.0)
     # With a heartbeat, the first heartbeat's wake-up ends it with 404 instead.
     await s.consumer("M", "HB", ack_policy="explicit", max_ack_pending=2)
     await s.pull(
         "M",
         "HB",
         {"batch": 5, "no_wait": True, "expires": 2_000_000_000, "idle_heartbeat": 400_000_000},
-        wait=1.5,
+        wait=5.0,
     )
     # So does another request's expiry.
     await s.consumer("M", "OTHER", ack_policy="explicit", max_ack_pending=2)
@@ -425,10 +474,10 @@ async def stalls(s: Session) -> None:
     await sub.unsubscribe()
     # A paused consumer: a one-shot without expires ends at once.
     await s.consumer("M", "PAUSED", ack_policy="explicit", pause_until="2099-01-01T00:00:00Z")
-    await s.pull("M", "PAUSED", {"batch": 1, "no_wait": True}, wait=0.5)
-    await s.pull("M", "PAUSED", {"batch": 1, "no_wait": True, "expires": 300_000_000}, 0.6)
-    await s.pull("M", "C", {"batch": 5, "idle_heartbeat": 1_000_000_000}, wait=0.3)
-    await s.pull("M", "C", {"batch": 5, "no_wait": True, "idle_heartbeat": 10}, wait=0.3)
+    await s.pull("M", "PAUSED", {"batch": 1, "no_wait": True}, wait=5.0)
+    await s.pull("M", "PAUSED", {"batch": 1, "no_wait": True, "expires": 300_000_000}, 5.0)
+    await s.pull("M", "C", {"batch": 5, "idle_heartbeat": 1_000_000_000}, wait=5.0)
+    await s.pull("M", "C", {"batch": 5, "no_wait": True, "idle_heartbeat": 10}, wait=5.0)
     await s.info("M", "C")
 
 
@@ -488,7 +537,7 @@ async def direct_multi_last(s: Session) -> None:
     for i in range(1030):
         await s.nc.publish(f"h.{i}", b"x")
     await s.nc.flush()
-    await asyncio.sleep(0.3)
+    await stored(s, "H", 1030)
     await direct(s, "H", {"multi_last": ["h.>"]})
     await direct(s, "H", {"multi_last": ["h.1"]})
 
@@ -544,7 +593,8 @@ async def rate_limited_push(s: Session) -> None:
     await s.consumer(
         "RL", "C", ack_policy="explicit", deliver_subject="rlout.x", rate_limit_bps=80_000
     )
-    await s.collect(sub, 0.5)
+    # All four, paced by the rate limit (a loaded machine may stretch the pace).
+    await s.collect(sub, 5.0, until=lambda got: len(got) == 4)
     await sub.unsubscribe()
     await s.consumer("RL", "PULL", rate_limit_bps=80_000)
 
