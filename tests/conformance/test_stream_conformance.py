@@ -669,6 +669,31 @@ SCENARIOS = [
         ],
     ),
     Scenario(
+        # Compression changes what is on disk, never what a stream counts or gives
+        # back: sizes, limits and reads are those of the messages as sent.
+        "a compressed stream counts, limits and reads back the messages as sent",
+        [
+            create("Z", subjects=["z.>"], compression="s2", allow_direct=True, max_msg_size=1500),
+            pub("z.a", b"abcdefghij" * 100),
+            pub("z.a", b"abcdefghij" * 100, K="v"),
+            pub("z.b", b"x" * 10),
+            pub("z.c", b"y" * 1501),
+            info("Z", {"subjects_filter": ">"}),
+            msg_get("Z", {"seq": 2}),
+            direct("Z", {"seq": 1}),
+            update("Z", subjects=["z.>"], allow_direct=True, max_msg_size=1500),
+            pub("z.a", b"klmnopqrst" * 100),
+            info("Z"),
+            update("Z", subjects=["z.>"], compression="s2", allow_direct=True, max_msg_size=1500),
+            msg_get("Z", {"seq": 4}),
+            msg_get("Z", {"last_by_subj": "z.a"}),
+            # zm + 1000 + 30 = 1032 counted per message however small it is stored.
+            create("ZM", subjects=["zm"], compression="s2", max_bytes=2064, discard="new"),
+            *(pub("zm", b"z" * 1000) for _ in range(3)),
+            info("ZM"),
+        ],
+    ),
+    Scenario(
         "byte limits at the exact boundary, file and memory",
         [
             # dn + 18 bytes + 30 = 50 in a file stream; dm + 32 bytes + 16 = 50 in memory.

@@ -2,7 +2,7 @@
 payloads are stored compressed, every read gives them back as sent (get, direct get,
 consumers, key-value, object store), sizes stay those of the messages as sent, and it
 all holds across a restart and a change of the setting. The NSQ front door reads
-them back from the store after a restart too."""
+them back from the store after a restart too, and so does the HTTP front door."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+import httpx
 import nats
 from nats.js.api import StoreCompression, StreamConfig
 
@@ -191,3 +192,39 @@ async def test_an_nsq_channel_reads_compressed_messages_from_the_store(tmp_path:
                     bodies.append(frame.message().body)
         writer.close()
         assert bodies == sent
+
+
+async def test_the_http_front_door_reads_compressed_messages_from_the_store(
+    tmp_path: Path,
+) -> None:
+    payload = document(7).decode()
+    producer = {
+        "X-Broker-Channel-Token": "ct",
+        "X-Broker-Producer-ID": "p",
+        "X-Broker-Producer-Token": "pt",
+    }
+    with run_server(store=tmp_path) as srv:
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=10) as http:
+            assert (await http.put("/channel/zip", data={"token": "ct"})).status_code == 200
+            assert (await http.put("/producer/p", data={"token": "pt"})).status_code == 200
+            nc = await nats.connect(srv.url)
+            try:
+                js = nc.jetstream()
+                cfg = (await js.stream_info("WB_zip")).config
+                cfg.compression = StoreCompression.S2
+                await js.update_stream(cfg)
+            finally:
+                await nc.close()
+            r = await http.post(
+                "/channel/zip/broadcast",
+                content=payload.encode(),
+                headers={**producer, "X-Broker-Message-ID": "m1", "Content-Type": "text/plain"},
+            )
+            assert r.status_code == 201, r.text
+    assert [size is not None for _, size, _ in stored(tmp_path, "WB_zip")] == [True]
+
+    with run_server(store=tmp_path) as srv:
+        async with httpx.AsyncClient(base_url=srv.http_url, timeout=10) as http:
+            r = await http.get("/channel/zip/message/m1")
+            assert r.status_code == 200, r.text
+            assert r.json()["Payload"] == payload
