@@ -84,7 +84,9 @@ async def test_pinned_client_failover_with_natspy_acks(nc: Client) -> None:
     for msg in first:
         await msg.ack_sync()  # nats-py's acks work on pinned deliveries
     # Another client without the pin waits as a standby and gets nothing.
-    standby = pull(nc, "PIN", "workers", {"batch": 1, "expires": 1_500_000_000, "group": "jobs"})
+    # Its request lasts long enough to outlive a slow machine's pauses: the unpin below
+    # ends its wait.
+    standby = pull(nc, "PIN", "workers", {"batch": 1, "expires": 10_000_000_000, "group": "jobs"})
     task = asyncio.ensure_future(standby)
     await asyncio.sleep(0.3)
     assert not task.done()

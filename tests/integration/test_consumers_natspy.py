@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import nats
 import pytest
@@ -40,6 +40,21 @@ async def publish(js: JetStreamContext, subject: str, count: int) -> None:
 
 def cfg(**fields: object) -> api.ConsumerConfig:
     return api.ConsumerConfig(**fields)  # type: ignore[arg-type]
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll ``condition`` until it holds (a loaded machine delays expiries and the work
+    that follows an ack's reply); fail after 10 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not await condition():
+        if loop.time() > deadline:
+            pytest.fail(f"not within 10 s: {what}")
+        await asyncio.sleep(0.02)
+
+
+async def stored(js: JetStreamContext, s: str) -> int:
+    return (await js.stream_info(s.upper())).state.messages
 
 
 # -- pull ------------------------------------------------------------------------------------------
@@ -121,7 +136,11 @@ async def test_max_waiting_and_statuses(js: JetStreamContext, nc: Client) -> Non
     await nc.publish(subject, b'{"batch": 1, "expires": 300000000}', reply=inbox)
     await nc.publish(subject, b'{"batch": 1, "expires": 300000000}', reply=inbox)
     await nc.publish(subject, b'{"batch": 1, "no_wait": true}', reply=inbox)
-    await asyncio.sleep(0.5)
+
+    async def three() -> bool:
+        return len(statuses) >= 3
+
+    await eventually(three, f"three statuses, got {statuses}")  # the last: 408 after 300 ms
     assert ("409", "Exceeded MaxWaiting") in statuses
     assert ("404", "No Messages") in statuses
     assert ("408", "Request Timeout") in statuses
@@ -316,9 +335,15 @@ async def test_ephemeral_is_deleted_when_inactive(js: JetStreamContext) -> None:
     s = await stream(js)
     info = await js.add_consumer(s.upper(), cfg(inactive_threshold=0.3, ack_policy="explicit"))
     assert info.config.inactive_threshold == pytest.approx(0.3)
-    await asyncio.sleep(0.8)
-    with pytest.raises(NotFoundError):
-        await js.consumer_info(s.upper(), info.name)
+
+    async def gone() -> bool:
+        try:
+            await js.consumer_info(s.upper(), info.name)  # an info is no activity
+        except NotFoundError:
+            return True
+        return False
+
+    await eventually(gone, "the inactive ephemeral deleted")
 
 
 async def test_workqueue_removes_acked(js: JetStreamContext) -> None:
@@ -327,9 +352,12 @@ async def test_workqueue_removes_acked(js: JetStreamContext) -> None:
     sub = await js.pull_subscribe(f"{s}.>", durable="W")
     msgs = await sub.fetch(3, timeout=1)
     await msgs[0].ack_sync()
-    await msgs[1].term()
-    await asyncio.sleep(0.05)
-    assert (await js.stream_info(s.upper())).state.messages == 1
+    await msgs[1].term()  # no reply: removed a moment later
+
+    async def one_left() -> bool:
+        return await stored(js, s) == 1
+
+    await eventually(one_left, "the acked and the terminated message removed")
     with pytest.raises(nats.js.errors.BadRequestError):
         await js.add_consumer(s.upper(), cfg(durable_name="W2", ack_policy="explicit"))
 
@@ -341,12 +369,15 @@ async def test_interest_removes_when_all_acked(js: JetStreamContext) -> None:
     await publish(js, f"{s}.a", 2)
     for m in await a.fetch(2, timeout=1):
         await m.ack_sync()
-    await asyncio.sleep(0.05)
-    assert (await js.stream_info(s.upper())).state.messages == 2
+    await asyncio.sleep(0.05)  # room for a wrong removal
+    assert await stored(js, s) == 2
     (m,) = await b.fetch(1, timeout=1)
     await m.ack_sync()
-    await asyncio.sleep(0.05)
-    assert (await js.stream_info(s.upper())).state.messages == 1
+
+    async def one_left() -> bool:
+        return await stored(js, s) == 1
+
+    await eventually(one_left, "the message both consumers acked removed")
 
 
 # -- restarts -----------------------------------------------------------------------------------------------
@@ -428,8 +459,11 @@ async def test_headers_only(js: JetStreamContext, nc: Client) -> None:
 async def test_interest_stream_without_consumers_keeps_nothing(js: JetStreamContext) -> None:
     s = await stream(js, retention="interest")
     await publish(js, f"{s}.a", 3)
-    await asyncio.sleep(0.05)
-    assert (await js.stream_info(s.upper())).state.messages == 0
+
+    async def empty() -> bool:
+        return await stored(js, s) == 0
+
+    await eventually(empty, "nothing kept")
 
 
 async def test_stream_delete_ends_waiting_pulls(js: JetStreamContext, nc: Client) -> None:
