@@ -10,6 +10,12 @@ store's files are measured.
 
     .venv/bin/python benchmarks/stream_compression.py              # 100k x ~1 kB, 3 repeats
     .venv/bin/python benchmarks/stream_compression.py --quick      # 20k, 1 repeat
+    .venv/bin/python benchmarks/stream_compression.py --store postgres   # on PostgreSQL
+
+With ``--store postgres`` (a throwaway server) or ``--store postgresql://…`` (a database
+whose ``tether_*`` tables are dropped before each run) Tether runs on PostgreSQL, and
+the bytes on disk are ``pg_total_relation_size`` of ``tether_messages`` (with its
+TOAST table and index) once the server has stopped.
 
 The report: per run the rate (PubAcks / first send -> last PubAck), the server's CPU
 per message, and the bytes of the store's files; then medians, and the ratios s2 /
@@ -26,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _postgres
 from _harness import BenchError, Meter, emit, loadavg, run_async, settle
 from _peers import start_tether
 from js_publish import AckCounter, subscribed
@@ -101,17 +108,29 @@ def store_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.glob("tether.db*"))
 
 
+def table_bytes(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_total_relation_size('tether_messages')").fetchone()
+    return int(row[0]) if row else 0
+
+
 def run_one(codec: str, docs: list[bytes], opts: argparse.Namespace, rep: int) -> dict[str, Any]:
     idle = settle(opts.wait_idle)
     load = loadavg()[0]
-    with start_tether(store="sqlite") as srv:
+    url = ""
+    if _postgres.is_postgres(opts.store):
+        url = _postgres.resolve(opts.store)
+        _postgres.reset(url)
+    with start_tether(store=url or "sqlite") as srv:
         run_async(create_stream(srv.url, codec))
         meter = Meter(srv)
         seconds = publish(srv.port, docs, opts.window, opts.batch, opts.stall)
         meter.stop()
         store = Path(srv.workdir) / "store"
         srv.stop()  # the log is checkpointed into the database as the store closes
-        on_disk = store_bytes(store)
+        on_disk = table_bytes(url) if url else store_bytes(store)
     rate = len(docs) / seconds
     row = {
         "codec": codec,
@@ -142,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall", type=float, default=30.0, help="max wait for any reply (s)")
     p.add_argument("--wait-idle", type=float, default=10.0, help="wait up to N s for idle")
     p.add_argument("--quick", action="store_true", help="20k messages, 1 repeat")
+    p.add_argument("--store", default="sqlite", help="sqlite, postgres or postgresql://...")
     opts = p.parse_args(argv)
     if opts.quick:
         opts.messages, opts.repeat = 20_000, 1
