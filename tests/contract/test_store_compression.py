@@ -274,3 +274,26 @@ async def test_a_schema_2_database_is_checked_then_migrated(tmp_path: Path) -> N
         assert await store.read("s", 3) == StoredMessage(3, "a", b"", document(3), TS + 3)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite-always", "postgres"])  # what has tables to damage
+async def test_a_damaged_compressed_payload_is_an_error_never_content(
+    make_store: MakeStore, backend: str
+) -> None:
+    store = await make_store(cache_bytes=0)
+    sent = messages()
+    await fill(store, "z", sent)
+    table = "tether_messages" if backend == "postgres" else "messages"
+    garbage = "'\\x0011'::bytea" if backend == "postgres" else "x'0011'"
+
+    def damage(conn: Any) -> None:
+        conn.execute(f"UPDATE {table} SET data = {garbage} WHERE seq = 1")
+        conn.execute(f"UPDATE {table} SET plain_size = plain_size + 1 WHERE seq = 2")
+
+    await store.call_in_writer(damage)  # type: ignore[attr-defined]
+    for seq in (1, 2):
+        with pytest.raises(CorruptMessage):
+            await store.read("z", seq)
+    with pytest.raises(CorruptMessage):
+        await store.read_range("z", 1, 10)
+    assert await store.read_range("z", 3, 10) == sent[2:]

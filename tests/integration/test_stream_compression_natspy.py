@@ -228,3 +228,33 @@ async def test_the_http_front_door_reads_compressed_messages_from_the_store(
             r = await http.get("/channel/zip/message/m1")
             assert r.status_code == 200, r.text
             assert r.json()["Payload"] == payload
+
+
+async def test_a_stream_stored_before_the_store_kept_its_setting_compresses_after_a_start(
+    tmp_path: Path,
+) -> None:
+    with run_server(store=tmp_path) as srv:
+        nc = await nats.connect(srv.url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="OLD", subjects=["old"], compression=StoreCompression.S2)
+            await js.publish("old", document(1))
+        finally:
+            await nc.close()
+    # What a store written by an earlier version holds: the stream's configuration
+    # says s2, the store's own setting is the migration's default.
+    conn = sqlite3.connect(tmp_path / "tether.db")
+    conn.execute("UPDATE streams SET compression = 'none'")
+    conn.execute("UPDATE messages SET data = ?, plain_size = NULL", (document(1),))
+    conn.commit()
+    conn.close()
+    with run_server(store=tmp_path) as srv:
+        nc = await nats.connect(srv.url)
+        try:
+            js = nc.jetstream()
+            await js.publish("old", document(2))
+            assert (await js.get_msg("OLD", 1)).data == document(1)
+            assert (await js.get_msg("OLD", 2)).data == document(2)
+        finally:
+            await nc.close()
+    assert [size is not None for _, size, _ in stored(tmp_path, "OLD")] == [False, True]
