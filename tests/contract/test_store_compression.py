@@ -297,3 +297,20 @@ async def test_a_damaged_compressed_payload_is_an_error_never_content(
     with pytest.raises(CorruptMessage):
         await store.read_range("z", 1, 10)
     assert await store.read_range("z", 3, 10) == sent[2:]
+
+
+async def test_a_large_commit_of_compressed_and_plain_rows(
+    make_store: MakeStore, backend: str
+) -> None:
+    store = await make_store(**({} if backend == "memory" else {"cache_bytes": 0}))
+    store.put_stream(record("z"))
+    store.put_stream(record("p", "none"))
+    sent = [StoredMessage(seq, "a", b"", document(seq), TS + seq) for seq in range(1, 1101)]
+    for m in sent:  # one commit: several statements of each kind
+        store.append("z", m)
+        store.append("p", m)
+    await store.flush()
+    assert await store.read_range("z", 1, 2000) == sent
+    assert await store.read_range("p", 1, 2000) == sent
+    cols = await store.read_columns("z", 500, 700, 1000)
+    assert cols.data == [m.data for m in sent[499:700]]
