@@ -30,6 +30,7 @@ MIN_SIZE: Final = 64
 
 _compress_raw = cramjam.snappy.compress_raw
 _decompress_raw = cramjam.snappy.decompress_raw
+_decompress_raw_len = cramjam.snappy.decompress_raw_len
 
 
 def compressing(codec: str) -> bool:
@@ -52,9 +53,13 @@ def decompress(packed: bytes, size: int) -> bytes:
     Raises ``ValueError`` when ``packed`` is not a Snappy block of that size (damage,
     which the caller reports as such)."""
     try:
-        data = bytes(_decompress_raw(packed))
+        # The block's header says how long it decompresses: checked first, so that a
+        # damaged header never makes the decoder allocate what it claims.
+        claimed = _decompress_raw_len(packed)
+        if claimed != size:
+            raise ValueError(f"a Snappy block of {claimed} bytes where {size} were stored")
+        return bytes(_decompress_raw(packed))
+    except ValueError:
+        raise
     except Exception as exc:  # cramjam raises its own DecompressionError
         raise ValueError(f"not a Snappy block: {exc}") from None
-    if len(data) != size:
-        raise ValueError(f"a Snappy block of {len(data)} bytes where {size} were stored")
-    return data
