@@ -1,8 +1,8 @@
 """Streams with ``compression: "s2"`` through nats-py against ``tether serve`` on SQLite:
 payloads are stored compressed, every read gives them back as sent (get, direct get,
-consumers, key-value, object store), sizes stay those of the messages as sent, and it
-all holds across a restart and a change of the setting. The NSQ front door reads
-them back from the store after a restart too, and so does the HTTP front door."""
+consumers, key-value, object store, and after a restart block reads), sizes stay those
+of the messages as sent, and it all holds across a restart and a change of the setting.
+The NSQ and HTTP front doors read them back from the store after a restart too."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import httpx
 import nats
 from nats.js.api import StoreCompression, StreamConfig
 
+from tether.client import connect
 from tether.protocol.nsq import FrameReader, commands
 from tether.protocol.nsq.frames import FRAME_MESSAGE, FRAME_RESPONSE
 from tether.testing import run_server
@@ -84,6 +85,15 @@ async def test_compressed_streams_read_back_as_sent_across_a_restart(tmp_path: P
             bytes_before = info_c.state.bytes
         finally:
             await nc.close()
+
+    # Block reads (what Spark and `tether stream backup` read with), from the store.
+    with run_server(store=tmp_path) as srv:
+        tc = await connect(srv.url)
+        try:
+            blocks = tc.jetstream(timeout=5).read_blocks("C", window=64)
+            assert [row[3] async for block in blocks for row in block.rows()] == sent
+        finally:
+            await tc.close()
 
     rows = stored(tmp_path, "C")
     assert len(rows) == N
