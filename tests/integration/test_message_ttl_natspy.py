@@ -36,6 +36,18 @@ async def eventually_gone(kv: KeyValue, key: str, within: float = 5.0) -> None:
         await asyncio.sleep(0.1)
 
 
+async def stored(js: JetStreamContext, stream: str, messages: int) -> tuple[int, int]:
+    """(messages, first_seq) of ``stream`` once it holds ``messages`` (polled: an expiry
+    comes late on a loaded machine); fails after 10 s."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        state = (await js.stream_info(stream)).state
+        if state.messages == messages:
+            return state.messages, state.first_seq
+        assert asyncio.get_running_loop().time() < deadline, f"{stream}: {state}"
+        await asyncio.sleep(0.05)
+
+
 async def test_publish_with_a_ttl(js: JetStreamContext) -> None:
     await js.add_stream(StreamConfig(name="T", subjects=["t.>"], allow_msg_ttl=True))
     ack = await js.publish("t.short", b"x", msg_ttl=1)
@@ -45,9 +57,7 @@ async def test_publish_with_a_ttl(js: JetStreamContext) -> None:
     with pytest.raises(BadRequestError) as excinfo:
         await js.publish("t.bad", b"x", headers={"Nats-TTL": "500ms"})
     assert excinfo.value.err_code == 10165
-    await asyncio.sleep(1.5)
-    info = await js.stream_info("T")
-    assert (info.state.messages, info.state.first_seq) == (2, 2)
+    assert await stored(js, "T", 2) == (2, 2)
 
 
 async def test_a_ttl_on_a_stream_without_allow_msg_ttl_is_refused(js: JetStreamContext) -> None:
@@ -87,9 +97,7 @@ async def test_kv_purge_with_a_ttl_goes_away(js: JetStreamContext) -> None:
     await kv.purge("k", msg_ttl=1)
     info = await js.stream_info("KV_P")
     assert info.state.messages == 1  # the purge marker
-    await asyncio.sleep(1.5)
-    info = await js.stream_info("KV_P")
-    assert info.state.messages == 0
+    assert (await stored(js, "KV_P", 0))[0] == 0
 
 
 async def test_republish_headers_and_headers_only(nc: Client, js: JetStreamContext) -> None:
