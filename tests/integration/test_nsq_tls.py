@@ -17,7 +17,6 @@ from typing import Any
 
 import nsq
 import pytest
-import trustme
 
 from tether.testing import RunningServer, run_server
 
@@ -25,26 +24,8 @@ _topics = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def certs(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    tmp = tmp_path_factory.mktemp("nsq-certs")
-    server = ca.issue_cert("localhost", "127.0.0.1")
-    client = ca.issue_cert("client@example.com")
-    files = {
-        "cert": tmp / "server-cert.pem",
-        "key": tmp / "server-key.pem",
-        "ca": tmp / "ca.pem",
-        "client": tmp / "client.pem",
-    }
-    server.cert_chain_pems[0].write_to_path(files["cert"])
-    server.private_key_pem.write_to_path(files["key"])
-    ca.cert_pem.write_to_path(files["ca"])
-    client.private_key_and_cert_chain_pem.write_to_path(files["client"])
-    return {name: str(path) for name, path in files.items()}
+def certs(nsq_certs: dict[str, str]) -> dict[str, str]:
+    return nsq_certs
 
 
 def serve(certs: dict[str, str], tmp: Path, extra: str = "") -> Iterator[RunningServer]:
