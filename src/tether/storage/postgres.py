@@ -550,17 +550,9 @@ class _Transaction:
             for stream, seq in self._first.items():
                 cur.execute(SQL_CLEAR_FROM, (stream, seq))
             if rows:
-                with cur.copy(SQL_COPY_MESSAGES) as copy:
-                    copy.set_types(COPY_TYPES)
-                    write = copy.write_row
-                    for row in rows:
-                        write(row)
+                _copy(cur, SQL_COPY_MESSAGES, COPY_TYPES, rows)
             if packed:
-                with cur.copy(SQL_COPY_PACKED) as copy:
-                    copy.set_types(PACKED_TYPES)
-                    write = copy.write_row
-                    for packed_row in packed:
-                        write(packed_row)
+                _copy(cur, SQL_COPY_PACKED, PACKED_TYPES, packed)
         rows.clear()
         packed.clear()
         self._first.clear()
@@ -827,3 +819,12 @@ class PostgresStore(ThreadedStore[_Writer, "psycopg.Connection[Any]"]):
             return _verified(stream, _rows(conn, SQL_READ_MANY, (stream, wanted)))
 
         return await self._run_read(load)
+
+
+def _copy(cur: Any, sql: str, types: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """One ``COPY`` of ``rows`` into the messages table."""
+    with cur.copy(sql) as copy:
+        copy.set_types(types)
+        write = copy.write_row
+        for row in rows:
+            write(row)
