@@ -1,13 +1,17 @@
 """Every consumer of every stream: creation rules, persistence, retention, stream events.
 
 The registry listens to the broker (committed and removed messages, stream changes)
-and fans events out to the consumers of the stream. It owns the consumers' storage:
-a consumer's state is written at most once per event-loop tick (the store's group
-commit batches it with everything else of that tick), never per ack; whoever must
-not answer before a change is durable (an ack with a reply, an HTTP job change)
-waits for that tick's commit (:meth:`ConsumerRegistry.after_save`). It applies the
-``interest`` and ``workqueue`` retention policies: acked messages are collected during
-a tick and removed through the broker (storage delete plus listeners) at its end.
+and fans events out to the consumers of the stream. It owns the consumers' storage.
+A consumer's state is the whole of its messages in flight, so writing it costs in
+proportion to them, not to what changed: it is written only when someone waits for
+it, or :data:`SAVE_INTERVAL` after its first unsaved change. Whoever must not answer
+before a change is durable (an ack with a reply, an HTTP job change) asks for the
+save of this tick (:meth:`ConsumerRegistry.after_save`); the store's group commit
+batches it with everything else of that tick. Changes nobody waits for (acks without
+a reply, NSQ's ``FIN``, deliveries) ride on the next save: a crash before it only
+means those messages are delivered again (at-least-once). It applies the ``interest``
+and ``workqueue`` retention policies: acked messages are collected during a tick and
+removed through the broker (storage delete plus listeners) at its end.
 """
 
 from __future__ import annotations
@@ -50,6 +54,9 @@ log = logging.getLogger("tether.consumers")
 _NAME_CHARS = string.ascii_letters + string.digits
 # After a state save failed (a full disk), the next try comes this much later at most.
 SAVE_RETRY_SECONDS = 1.0
+# A change nobody waits for is saved at most this long after it (seconds). nats-server
+# too writes consumer state behind the acks; what it costs a crash is a redelivery.
+SAVE_INTERVAL = 0.1
 
 # Told once a consumer's state is committed (None), or why it could not be.
 SaveWaiter: TypeAlias = Callable[[StorageError | None], None]
@@ -98,7 +105,10 @@ class ConsumerRegistry:
         self.sink: DeliverySink[Consumer] = sink or _NullSink()
         self.streams: dict[str, dict[str, Consumer]] = {}
         self.heads: dict[str, StreamHead] = {}
+        # Changed since their last save; and those of them someone waits for.
         self._dirty: dict[int, Consumer] = {}
+        self._urgent: dict[int, Consumer] = {}
+        self._interval_timer: Timer | None = None
         self._acked: dict[str, tuple[Stream, list[int]]] = {}
         self._sweep: set[str] = set()
         self._flush_timer: Timer | None = None
@@ -276,6 +286,7 @@ class ConsumerRegistry:
             return self.store.flush()
         consumer._changed = False  # the full record carries the state
         self._dirty.pop(id(consumer), None)
+        self._urgent.pop(id(consumer), None)
         return self.store.put_consumer(
             ConsumerRecord(
                 consumer.stream.name,
@@ -315,6 +326,7 @@ class ConsumerRegistry:
         consumer.close(notify)
         self._action(consumer, "delete", "DELETED")
         self._dirty.pop(id(consumer), None)
+        self._urgent.pop(id(consumer), None)
         if stream.config.retention == "interest" and self.broker.streams.get(stream.name) is stream:
             self._sweep.add(stream.name)
             self._schedule()
@@ -331,8 +343,10 @@ class ConsumerRegistry:
 
     # -- consumer host ---------------------------------------------------------------------------------
     def consumer_changed(self, consumer: Consumer) -> None:
+        # Once per save of the consumer (it calls again only after :meth:`Consumer.save`).
         self._dirty[id(consumer)] = consumer
-        self._schedule()
+        if self._interval_timer is None and not self._closing:
+            self._interval_timer = self.clock.call_later(SAVE_INTERVAL, self._save_dirty)
 
     def consumer_acked(self, consumer: Consumer, seqs: list[int]) -> None:
         self._retire(consumer.stream, seqs)
@@ -345,9 +359,23 @@ class ConsumerRegistry:
         if consumer.deleted or consumer.config.mem_storage:
             done(None)  # nothing is kept: nothing to wait for
             return
-        self._dirty[id(consumer)] = consumer
+        self._urgent[id(consumer)] = consumer
         self._save_waiters.append(done)
         self._schedule()
+
+    async def saved(self, consumer: Consumer) -> None:
+        """Return once ``consumer``'s state as it is now is committed (:meth:`after_save`);
+        raise the JetStream store error if that commit fails."""
+        done: asyncio.Future[StorageError | None] = asyncio.get_running_loop().create_future()
+
+        def told(error: StorageError | None) -> None:
+            if not done.done():  # the request may be gone (a closed connection)
+                done.set_result(error)
+
+        self.after_save(consumer, told)
+        error = await done
+        if error is not None:
+            raise errors.store_failed(str(error))
 
     def consumer_inactive(self, consumer: Consumer) -> None:
         log.debug("consumer %s > %s inactive, deleting", consumer.stream.name, consumer.name)
@@ -360,7 +388,7 @@ class ConsumerRegistry:
             self._flush_timer = self.clock.call_later(0, self.flush)
 
     def flush(self) -> None:
-        """Apply retention for this tick's acks and save every changed consumer's state."""
+        """Apply retention for this tick's acks and save the consumers someone waits for."""
         self._flush_timer = None
         if self._acked:
             acked, self._acked = self._acked, {}
@@ -372,26 +400,40 @@ class ConsumerRegistry:
                 swept = self.broker.streams.get(name)
                 if swept is not None:
                     self._retain(swept, list(swept.seqs(swept.first_seq)))
-        if not self._dirty and not self._save_waiters:
+        if not self._urgent and not self._save_waiters:
             return
         wait = self._save_after - time.monotonic()
         if wait > 0:
             if self._save_timer is None:
                 self._save_timer = self.clock.call_later(wait, self._save_due)
             return
-        self._save()
+        urgent, self._urgent = self._urgent, {}
+        self._save(list(urgent.values()))
 
     def _save_due(self) -> None:
         self._save_timer = None
         self.flush()
 
-    def _save(self) -> None:
+    def _save_dirty(self) -> None:
+        """The interval is up: save every consumer changed since its last save."""
+        self._interval_timer = None
+        if not self._dirty:
+            return
+        wait = self._save_after - time.monotonic()
+        if wait > 0 and not self._closing:
+            self._interval_timer = self.clock.call_later(wait, self._save_dirty)
+            return
+        self._save(list(self._dirty.values()))
+
+    def _save(self, consumers: list[Consumer]) -> None:
+        """Write the states of ``consumers`` and tell the waiters once they commit."""
         started = time.perf_counter()
-        dirty, self._dirty = self._dirty, {}
         waiters, self._save_waiters = self._save_waiters, []
         store = self.store
+        dirty = self._dirty
         saved: list[Consumer] = []
-        for consumer in dirty.values():
+        for consumer in consumers:
+            dirty.pop(id(consumer), None)
             if consumer.deleted or consumer.config.mem_storage:
                 continue
             state = encode_state(consumer.save())
@@ -413,8 +455,9 @@ class ConsumerRegistry:
         if exc is not None:
             error = exc if isinstance(exc, StorageError) else StorageError(str(exc))
             log.error("saving consumer state failed: %s", error)
-            # The states in memory are ahead of the stored ones: save them again (at the
-            # next change, or after a pause, so that a full disk is not retried in a loop).
+            # The states in memory are ahead of the stored ones: save them again (when
+            # someone waits for one, or after a pause, so that a full disk is not
+            # retried in a loop).
             for consumer in saved:
                 if not consumer.deleted:
                     self._dirty[id(consumer)] = consumer
@@ -425,8 +468,8 @@ class ConsumerRegistry:
 
     def _retry(self) -> None:
         self._retry_timer = None
-        if self._dirty:
-            self._schedule()
+        if self._dirty and self._interval_timer is None:
+            self._save_dirty()
 
     def _retain(self, stream: Stream, seqs: list[int]) -> None:
         if self.broker.streams.get(stream.name) is not stream:
@@ -451,15 +494,20 @@ class ConsumerRegistry:
     async def close(self) -> None:
         """Save every consumer's state (clean shutdown) and stop the timers."""
         self._closing = True
-        for timer in (self._flush_timer, self._save_timer, self._retry_timer):
+        for timer in (
+            self._flush_timer,
+            self._save_timer,
+            self._retry_timer,
+            self._interval_timer,
+        ):
             if timer is not None:
                 timer.cancel()
         self._save_timer = None
         self._retry_timer = None
+        self._interval_timer = None
         self._save_after = 0.0
-        for consumers in self.streams.values():
-            for consumer in consumers.values():
-                self._dirty[id(consumer)] = consumer
+        # Every state, changed or not, with this tick's retention and every waiter.
+        self._urgent = {id(consumer): consumer for consumer in self.all()}
         self.flush()
         for consumers in self.streams.values():
             for consumer in consumers.values():
@@ -485,6 +533,7 @@ class ConsumerRegistry:
             consumer.close()
             self._action(consumer, "delete", "DELETED")
             self._dirty.pop(id(consumer), None)
+            self._urgent.pop(id(consumer), None)
         self.heads.pop(stream.name, None)
         self._acked.pop(stream.name, None)
 

@@ -33,6 +33,7 @@ from tether.engine.jobs.view import owned_by_http
 from tether.server.nats.requests import BodyError, Seq, decode_as
 from tether.server.nats.router import Router
 from tether.server.nats.subscriptions import InternalSubscription
+from tether.storage.base import StorageError
 
 DEAD_PREFIX = "$TETHER.API.CONSUMER.DEAD."
 LIST_LIMIT = 1024
@@ -75,7 +76,17 @@ class DeadLetterApi:
             body = self.answer(operation, stream, name, payload)
         except errors.ApiError as exc:
             body = {"error": exc.to_dict()}
-        self.router.publish(None, reply, "", None, _encode(body))
+        consumer = self.registry.find(stream, name)
+        if operation == "LIST" or "error" in body or consumer is None:
+            self.router.publish(None, reply, "", None, _encode(body))
+            return
+
+        def saved(error: StorageError | None) -> None:
+            # A change is confirmed only once the consumer's state holding it committed.
+            out = body if error is None else {"error": errors.store_failed(str(error)).to_dict()}
+            self.router.publish(None, reply, "", None, _encode(out))
+
+        self.registry.after_save(consumer, saved)
 
     def answer(self, operation: str, stream: str, name: str, payload: bytes) -> dict[str, Any]:
         """The reply body of one request (raises :class:`errors.ApiError`)."""

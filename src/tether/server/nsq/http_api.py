@@ -432,6 +432,11 @@ class NsqHttp:
         await self._admin(scope, receive)
         _, channel = self._existing_channel(query)
         channel.empty()
+        try:
+            await self.service.consumers.saved(channel.consumer)  # 200 once it is stored
+        except api_errors.ApiError as exc:
+            log.error("nsq http: emptying channel %s failed: %s", channel.name, exc)
+            raise HttpError(500, "INTERNAL_ERROR") from None
 
     async def _channel_pause(self, scope: Scope, receive: Receive, query: Query) -> None:
         await self._admin(scope, receive)
