@@ -25,8 +25,8 @@ from tether.engine.streams import schedules as sched
 from tether.engine.streams.batches import (
     BATCH_ID,
     AtomicBatches,
+    Batch,
     BatchLimits,
-    Staged,
     batch_only_fields,
 )
 from tether.engine.streams.config import (
@@ -1144,6 +1144,39 @@ class Broker:
         self._publish_batched(stream, subject, block, payload, fields, on_durable, None)
         return True
 
+    def stage_batch_run(
+        self,
+        stream: Stream,
+        subject: str,
+        blocks: list[bytes],
+        payloads: list[bytes],
+        replies: list[str],
+        start: int,
+    ) -> int:
+        """Stage the messages of a run from ``start`` on (all to ``subject``) that only
+        continue an open atomic batch (see :meth:`AtomicBatches.stage_run`), in one
+        call: no reply, nothing stored, nobody to answer. Returns the index of the first
+        message not taken; the caller publishes that one on its own (its batch's first
+        message or its commit, a reply, other headers, an error), then calls again."""
+        cfg = stream.config
+        if (
+            not cfg.allow_atomic
+            or cfg.sealed
+            or cfg.allow_msg_counter
+            or cfg.subject_transform
+            or self._producing
+        ):
+            return start
+        if self.limits.sized:
+            try:
+                # Staging stores nothing: what holds for one message holds for the run.
+                self._check_full(stream)
+            except errors.ApiError:
+                return start  # each message is refused on its own
+        return self.batches.stage_run(
+            stream.name, subject, blocks, payloads, replies, start, cfg.max_msg_size
+        )
+
     def _publish_batched(
         self,
         stream: Stream,
@@ -1160,23 +1193,21 @@ class Broker:
             if self.limits.sized:
                 self._check_full(stream)
             stream.check_size(len(hdrs), len(payload))
-            staged = self.batches.stage(
+            batch = self.batches.stage(
                 name, stream.config.allow_atomic, subject, hdrs, payload, fields
             )
-            if staged is None:
+            if batch is None:
                 if target is not None:
                     _answer(target, name, replies, PubAck(name, 0, staged=True))
                 return
-            batch, msgs, _ = staged
-            self._commit_batch(stream, batch.id, msgs, target, replies)
+            self._commit_batch(stream, batch, target, replies)
         except errors.ApiError as exc:
             _answer(target, name, replies, exc)
 
     def _commit_batch(
         self,
         stream: Stream,
-        batch_id: str,
-        msgs: list[Staged],
+        batch: Batch,
         target: Any,
         replies: list[str] | None,
     ) -> None:
@@ -1186,13 +1217,8 @@ class Broker:
         cfg = stream.config
         if cfg.sealed:
             raise errors.stream_sealed()
-        if (
-            not cfg.allow_msg_counter
-            and cfg.discard != "new"
-            and not stream.evicts
-            and all(_BATCH_CHECKED.isdisjoint(m.fields) for m in msgs)
-        ):
-            self._append_plain_batch(stream, batch_id, msgs, target, replies)
+        if batch.plain and not cfg.allow_msg_counter and cfg.discard != "new" and not stream.evicts:
+            self._append_plain_batch(stream, batch, target, replies)
             return
         now = self.clock.now()
         last = stream.last_seq
@@ -1204,13 +1230,16 @@ class Broker:
         schedules: dict[int, sched.Schedule] = {}
         stops: dict[int, str] = {}
         total_size = 0
-        for i, m in enumerate(msgs):
-            f = m.fields
+        batch_id = batch.id
+        for i, (subject, headers, payload, fields) in enumerate(
+            zip(batch.subjects, batch.headers, batch.payloads, batch.fields, strict=True)
+        ):
+            # None: nothing but batch headers, which no check below looks at.
+            f = {} if fields is None else fields
             if EXPECTED_LAST_MSG_ID in f:
                 raise batches_unsupported("Nats-Expected-Last-Msg-Id")
-            headers = m.headers
             if f.get(sched.SCHEDULE):
-                schedule = self._check_schedule(stream, m.subject, f)
+                schedule = self._check_schedule(stream, subject, f)
                 if schedule is not None:
                     schedules[i] = schedule
                     if ROLLUP not in f:
@@ -1218,7 +1247,7 @@ class Broker:
                         f[ROLLUP] = b"sub"
             elif sched.SCHEDULER in f or sched.NEXT in f:
                 stop = sched.check_stop(
-                    m.subject, cfg.allow_msg_schedules, f, self._is_schedule(stream)
+                    subject, cfg.allow_msg_schedules, f, self._is_schedule(stream)
                 )
                 if stop:
                     stops[i] = stop
@@ -1226,23 +1255,22 @@ class Broker:
             if expected_stream and expected_stream != stream.name.encode():
                 raise errors.expected_stream_mismatch()
             if MSG_TTL in f:
-                stream.check_expectations(m.subject, None, None, None, None, f[MSG_TTL])
-            payload = m.payload
+                stream.check_expectations(subject, None, None, None, None, f[MSG_TTL])
             if cfg.allow_msg_counter or counters.INCR in f:
                 incr = counters.check(cfg.allow_msg_counter, f, payload)
                 if incr is not None:
-                    base = totals.get(m.subject)
+                    base = totals.get(subject)
                     if base is None:
-                        base = self._counter_total(stream, m.subject)
-                    totals[m.subject] = base + incr
+                        base = self._counter_total(stream, subject)
+                    totals[subject] = base + incr
                     payload = counters.body(base + incr)
             subj_seq = f.get(EXPECTED_LAST_SUBJ_SEQ)
             if subj_seq is not None:
                 on = f.get(EXPECTED_LAST_SUBJ_SEQ_SUBJECT)
-                on_subject = on.decode("utf-8", "surrogateescape") if on else m.subject
+                on_subject = on.decode("utf-8", "surrogateescape") if on else subject
                 if on_subject in written:
                     raise batches_wrong_last_sequence()
-                stream.check_expectations(m.subject, None, None, subj_seq, on, None)
+                stream.check_expectations(subject, None, None, subj_seq, on, None)
             raw_last = f.get(EXPECTED_LAST_SEQ)
             if raw_last is not None and (i or _uint(raw_last) != last):
                 raise errors.wrong_last_sequence(last + i)
@@ -1269,10 +1297,10 @@ class Broker:
                     raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
                 priority = parsed
             stream.check_size(len(headers), len(payload))
-            total_size += subject_size(m.subject) + len(headers) + len(payload)
+            total_size += subject_size(subject) + len(headers) + len(payload)
             total_size += stream.sizing.overhead(headers)
-            written.add(m.subject)
-            prepared.append((m.subject, headers, payload, msg_id, priority, rollup))
+            written.add(subject)
+            prepared.append((subject, headers, payload, msg_id, priority, rollup))
         if cfg.discard == "new":
             st = stream.state
             if cfg.max_msgs > 0 and st.msgs + len(prepared) > cfg.max_msgs:
@@ -1322,38 +1350,48 @@ class Broker:
     def _append_plain_batch(
         self,
         stream: Stream,
-        batch_id: str,
-        msgs: list[Staged],
+        batch: Batch,
         target: Any,
         replies: list[str] | None,
     ) -> None:
         """:meth:`_commit_batch` for the common batch: no header any check looks at, on
-        a stream with no limit that evicts or refuses; indexed in one go (as a run of
-        header-less publishes is), one entry in the commit for the whole batch."""
+        a stream with no limit that evicts or refuses. The batch is one run: indexed in
+        one go (as a run of header-less publishes is), handed to the store in one call
+        and one entry in its group commit, hence one transaction."""
         now = self.clock.now()
         name = stream.name
-        subjects = [m.subject for m in msgs]
-        extras = [stream.sizing.overhead(m.headers) for m in msgs]
-        sizes = [
-            subject_size(m.subject) + len(m.headers) + len(m.payload) + extra
-            for m, extra in zip(msgs, extras, strict=True)
-        ]
-        first = stream.append_mixed(subjects, sizes, now, extras)
-        store_append = self.store.append
-        seq = first
-        fut = None
-        for m in msgs:
-            fut = store_append(name, StoredMessage(seq, m.subject, m.headers, m.payload, now, 0))
-            seq += 1
-        assert fut is not None
-        last = seq - 1
+        subjects, headers, payloads = batch.subjects, batch.headers, batch.payloads
+        # Every message of a batch has a header block (its batch headers at least).
+        extra = stream.sizing.headers
+        subject = subjects[0]
+        if subjects.count(subject) == len(subjects):
+            # The common batch, all to one subject: sized and indexed as one run.
+            base = subject_size(subject) + extra
+            sizes = [base + len(h) + len(p) for h, p in zip(headers, payloads, strict=True)]
+            first = stream.append_run(subject, sizes, now, extra)
+        else:
+            sizes = [
+                subject_size(s) + len(h) + len(p) + extra
+                for s, h, p in zip(subjects, headers, payloads, strict=True)
+            ]
+            first = stream.append_mixed(subjects, sizes, now, [extra] * len(sizes))
+        fut = self.store.append_run(
+            name,
+            [
+                StoredMessage(seq, s, h, p, now, 0)
+                for seq, s, h, p in zip(
+                    range(first, first + len(sizes)), subjects, headers, payloads, strict=True
+                )
+            ],
+        )
+        last = first + len(sizes) - 1
         tick = self._tick_for(fut)
         tick.appended.append((stream, first, last, ""))
         tick.first_seq.setdefault(name, first)
         tick.atomic.append((name, first, last))
         if target is not None:
             if replies is None:
-                target = _with_extras(target, batch=batch_id, count=len(msgs))
+                target = _with_extras(target, batch=batch.id, count=len(sizes))
             tick.waiters.append((target, name, last, replies, False))
         if stream.config.max_age and not self._expiry_timer:
             self._schedule_expiry()
@@ -1960,27 +1998,6 @@ def _with_extras(target: Callable[[Any], None], **extras: Any) -> Callable[[Any]
 
 def _uint(raw: bytes) -> int:
     return int(raw) if raw.isdigit() and len(raw) <= 19 else -1
-
-
-# The headers the checks of a batch's commit look at: a batch without any is stored
-# without them.
-_BATCH_CHECKED = frozenset(
-    (
-        EXPECTED_LAST_MSG_ID,
-        EXPECTED_STREAM,
-        EXPECTED_LAST_SEQ,
-        EXPECTED_LAST_SUBJ_SEQ,
-        EXPECTED_LAST_SUBJ_SEQ_SUBJECT,
-        MSG_TTL,
-        MSG_ID,
-        ROLLUP,
-        PRIORITY,
-        counters.INCR,
-        sched.SCHEDULE,
-        sched.SCHEDULER,
-        sched.NEXT,
-    )
-)
 
 
 def batches_unsupported(header: str) -> errors.ApiError:

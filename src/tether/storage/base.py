@@ -257,6 +257,15 @@ class Store(ABC):
     def append(self, stream: str, message: StoredMessage) -> asyncio.Future[None]:
         """Append one message; its ``seq`` is greater than every earlier one."""
 
+    def append_run(self, stream: str, messages: Sequence[StoredMessage]) -> asyncio.Future[None]:
+        """:meth:`append` each of ``messages`` (at least one, in sequence order) in one
+        call; they are committed together, in one transaction, or not at all."""
+        future = None
+        for message in messages:
+            future = self.append(stream, message)
+        assert future is not None
+        return future
+
     @abstractmethod
     def delete_messages(self, stream: str, seqs: Sequence[int]) -> asyncio.Future[None]:
         """Delete the given messages (missing ones are ignored)."""

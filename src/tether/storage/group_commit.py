@@ -170,6 +170,14 @@ class GroupCommit:
         batch.ops.append(op)
         return batch.future
 
+    def add_all(self, ops: list[Op]) -> asyncio.Future[None]:
+        """:meth:`add` each of ``ops``, in order, into the current tick's batch."""
+        batch = self._batch
+        if batch is None:
+            batch = self._start()
+        batch.ops += ops
+        return batch.future
+
     def flush(self) -> asyncio.Future[None]:
         """A future that completes once every write made so far is durable.
 
@@ -305,6 +313,10 @@ class BatchingStore(Store):
 
     def append(self, stream: str, message: StoredMessage) -> asyncio.Future[None]:
         return self._group.add((APPEND, stream, message))
+
+    def append_run(self, stream: str, messages: Sequence[StoredMessage]) -> asyncio.Future[None]:
+        # One batch holds them all: a batch is committed whole, never split.
+        return self._group.add_all([(APPEND, stream, m) for m in messages])
 
     def delete_messages(self, stream: str, seqs: Sequence[int]) -> asyncio.Future[None]:
         # Copied: the caller may reuse its list before the batch is committed.

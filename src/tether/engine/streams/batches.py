@@ -8,6 +8,11 @@ against the stream as it was before the batch, then appends them all in one
 synchronous call, so they all land in one group commit, which is one storage
 transaction: after a crash either the whole batch is there or none of it.
 
+A batch keeps its messages as parallel lists (subjects, header blocks, payloads,
+header fields), so that staging a message is a few list appends and the commit of a
+batch whose messages hold nothing but their batch headers stores the lists as they
+are, as one run (see :meth:`AtomicBatches.stage_run`).
+
 The checks made while staging, their order, limits and errors are nats-server's
 (``processJetStreamAtomicBatchMsg``): see :meth:`AtomicBatches.stage`.
 """
@@ -20,6 +25,18 @@ from dataclasses import dataclass, field
 
 from tether.engine.clock import Clock, Timer
 from tether.engine.errors import ApiError
+from tether.engine.streams import counters, schedules
+from tether.engine.streams.stream import (
+    EXPECTED_LAST_MSG_ID,
+    EXPECTED_LAST_SEQ,
+    EXPECTED_LAST_SUBJ_SEQ,
+    EXPECTED_LAST_SUBJ_SEQ_SUBJECT,
+    EXPECTED_STREAM,
+    MSG_ID,
+    MSG_TTL,
+    PRIORITY,
+    ROLLUP,
+)
 
 BATCH_ID = b"Nats-Batch-Id"
 BATCH_SEQ = b"Nats-Batch-Sequence"
@@ -81,24 +98,57 @@ def wrong_last_sequence_in_batch() -> ApiError:
 
 
 @dataclass(slots=True)
-class Staged:
-    """One message waiting for its batch's commit."""
-
-    subject: str
-    headers: bytes
-    payload: bytes
-    fields: dict[bytes, bytes]
-
-
-@dataclass(slots=True)
 class Batch:
-    """An open batch of one stream."""
+    """An open batch of one stream: message ``i`` is ``subjects[i]``, ``headers[i]``,
+    ``payloads[i]``, with ``fields[i]`` its header fields, or None when they hold
+    nothing but its batch headers (no check at the commit looks at those)."""
 
     stream: str
     id: str
-    msgs: list[Staged] = field(default_factory=list)
+    subjects: list[str] = field(default_factory=list)
+    headers: list[bytes] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+    fields: list[dict[bytes, bytes] | None] = field(default_factory=list)
+    # False once a message holds a header the commit checks (expectations, ids, TTLs…).
+    plain: bool = True
     last_ns: int = 0
     timer: Timer | None = None
+    # Nats-Batch-Id as sent, for stage_run to recognise the batch's messages by.
+    raw_id: bytes = b""
+
+    def __len__(self) -> int:
+        return len(self.subjects)
+
+    def add(
+        self, subject: str, headers: bytes, payload: bytes, fields: dict[bytes, bytes] | None
+    ) -> None:
+        self.subjects.append(subject)
+        self.headers.append(headers)
+        self.payloads.append(payload)
+        self.fields.append(fields)
+        if fields is not None and self.plain and not CHECKED.isdisjoint(fields):
+            self.plain = False
+
+
+# The headers the checks of a batch's commit look at (the broker's, in nats-server's
+# order): a batch whose messages carry none of them is stored without any check.
+CHECKED = frozenset(
+    (
+        EXPECTED_LAST_MSG_ID,
+        EXPECTED_STREAM,
+        EXPECTED_LAST_SEQ,
+        EXPECTED_LAST_SUBJ_SEQ,
+        EXPECTED_LAST_SUBJ_SEQ_SUBJECT,
+        MSG_TTL,
+        MSG_ID,
+        ROLLUP,
+        PRIORITY,
+        counters.INCR,
+        schedules.SCHEDULE,
+        schedules.SCHEDULER,
+        schedules.NEXT,
+    )
+)
 
 
 @dataclass(slots=True)
@@ -116,6 +166,10 @@ _BATCH_ONLY = re.compile(
     rb"NATS/1\.0\r\nNats-Batch-Id: ([!-~]+)\r\nNats-Batch-Sequence: ([!-~]+)\r\n"
     rb"(?:Nats-Batch-Commit: ([!-~]+)\r\n)?\r\n"
 )
+
+
+# The start of a batch-only block, up to its sequence, for a batch id.
+_BATCH_PREFIX = b"NATS/1.0\r\nNats-Batch-Id: %s\r\nNats-Batch-Sequence: "
 
 
 def batch_only_fields(block: bytes) -> dict[bytes, bytes] | None:
@@ -177,12 +231,13 @@ class AtomicBatches:
         headers: bytes,
         payload: bytes,
         fields: dict[bytes, bytes],
-    ) -> tuple[Batch, list[Staged], bool] | None:
+    ) -> Batch | None:
         """Take one batch message; raises :class:`ApiError` in nats-server's order.
 
         Returns None while the batch goes on (the publisher gets an empty reply), or at
-        the commit ``(batch, messages to store, ended by eob)``; the batch is then no
-        longer open whatever its commit's outcome. An error ends the batch.
+        the commit the batch, holding the messages to store (a batch ended by ``eob``:
+        its last one now carries ``Nats-Batch-Commit: 1``); the batch is then no longer
+        open whatever its commit's outcome. An error ends the batch.
         """
         if not allow_atomic:
             raise disabled()
@@ -213,7 +268,7 @@ class AtomicBatches:
             level = fields.get(REQUIRED_API_LEVEL)
             if level and _level_unmet(level, self.api_level):
                 raise api_level_required()
-            expected = len(batch.msgs) + 1 if batch is not None else 1
+            expected = len(batch) + 1 if batch is not None else 1
             if seq != expected or (commit == b"eob" and seq == 1):
                 raise incomplete()
             if seq > limits.max_size:
@@ -227,23 +282,97 @@ class AtomicBatches:
             raise
         now = self.clock.now()
         if batch is None:
-            batch = self._open[key] = Batch(stream, batch_id)
+            batch = self._open[key] = Batch(stream, batch_id, raw_id=raw_id)
             self._per_stream[stream] = self._per_stream.get(stream, 0) + 1
             batch.timer = self.clock.call_later(limits.timeout_ns / 1e9, lambda: self._idle(key))
         batch.last_ns = now
         if commit == b"eob":
             self._close(batch)
-            msgs = batch.msgs
-            last = msgs[-1]
-            last.headers = with_commit_header(last.headers)
-            return batch, msgs, True
+            batch.headers[-1] = with_commit_header(batch.headers[-1])
+            return batch
         if REQUIRED_API_LEVEL in fields:
             headers = _without(headers, REQUIRED_API_LEVEL)  # not stored, as on nats-server
-        batch.msgs.append(Staged(subject, headers, payload, fields))
+        batch.add(subject, headers, payload, fields)
         if commit is not None:
             self._close(batch)
-            return batch, batch.msgs, False
+            return batch
         return None
+
+    def stage_run(
+        self,
+        stream: str,
+        subject: str,
+        blocks: list[bytes],
+        payloads: list[bytes],
+        replies: list[str],
+        start: int,
+        max_msg_size: int,
+    ) -> int:
+        """:meth:`stage` for the messages from ``start`` on (all to ``subject``) that
+        need nothing but to be added to their batch: a header block of only
+        ``Nats-Batch-Id`` and ``Nats-Batch-Sequence`` (as publishers write them), the
+        next sequence of a batch of ``stream`` already open, no commit, no reply, within
+        the stream's ``max_msg_size`` (-1: none) and the batch's size limit. Every
+        check of :meth:`stage` holds for such a message, so it is taken without them:
+        a match, two comparisons and the appends. Returns the index of the first
+        message not taken, which the caller stages on its own (with every check and
+        its error), then calls again for the rest."""
+        n = len(blocks)
+        i = start
+        if i >= n:
+            return i
+        match = _BATCH_ONLY.fullmatch
+        open_batches = self._open
+        max_size = self.limits.max_size
+        now = self.clock.now()
+        # The current batch: the block of its next message is ``prefix``, the sequence
+        # ``expected`` in ASCII digits and an empty line (what the match would read).
+        prefix = b""
+        expected = 0
+        # Its lists, bound once per batch rather than looked up per message.
+        subjects: list[str] = []
+        headers: list[bytes] = []
+        bodies: list[bytes] = []
+        fields: list[dict[bytes, bytes] | None] = []
+        while i < n:
+            if replies[i]:
+                break
+            block = blocks[i]
+            if not prefix or block != b"%s%d\r\n\r\n" % (prefix, expected):
+                # The first message of this run, another batch's or a block that is
+                # not the next one as publishers write it.
+                m = match(block)
+                if m is None:
+                    break
+                raw_id, _, commit = m.groups()
+                if commit is not None or len(raw_id) > MAX_BATCH_ID_LEN:
+                    break
+                batch = open_batches.get((stream, raw_id.decode("utf-8", "surrogateescape")))
+                if batch is None:
+                    break
+                prefix = _BATCH_PREFIX % raw_id
+                expected = len(batch) + 1
+                if block != b"%s%d\r\n\r\n" % (prefix, expected):
+                    break  # a gap, a repeat, a sequence spelt otherwise: with its checks
+                batch.last_ns = now
+                subjects, headers, bodies, fields = (
+                    batch.subjects,
+                    batch.headers,
+                    batch.payloads,
+                    batch.fields,
+                )
+            payload = payloads[i]
+            if expected > max_size or (
+                max_msg_size >= 0 and len(block) + len(payload) > max_msg_size
+            ):
+                break
+            subjects.append(subject)
+            headers.append(block)
+            bodies.append(payload)
+            fields.append(None)
+            expected += 1
+            i += 1
+        return i
 
     def drop_stream(self, stream: str) -> None:
         """The stream is gone: its open batches with it."""

@@ -430,18 +430,28 @@ class JetStreamApi:
         payloads: list[bytes],
     ) -> None:
         """A run of publishes with headers to a stream taking atomic batches: as
-        :meth:`_capture` for each, but a batch message with nothing but its batch
-        headers goes to the broker without the general publish path."""
+        :meth:`_capture` for each, but the messages that only continue an open batch
+        are staged a stretch at a time, and any other batch message with nothing but
+        its batch headers goes to the broker without the general publish path."""
         publish = self.broker.publish_batch_message
+        stage_run = self.broker.stage_batch_run
         streams = self.broker.streams
-        for i, payload in enumerate(payloads):
+        n = len(payloads)
+        i = 0
+        while i < n:
             if streams.get(name) is not stream:
                 # Deleted or changed by what a message did: the rest as usual.
-                for k in range(i, len(payloads)):
+                for k in range(i, n):
                     self._capture(name, subject, replies[k], blocks[k] or None, payloads[k])
                 return
-            reply = replies[i]
+            i = stage_run(stream, subject, blocks, payloads, replies, i)
+            if i >= n:
+                return
+            # A message the stretch could not take: on its own, as every message was.
+            asked = reply = replies[i]
             block = blocks[i]
+            payload = payloads[i]
+            i += 1
             if reply and stream.config.no_ack:
                 reply = ""
             try:
@@ -451,7 +461,7 @@ class JetStreamApi:
             except Exception as exc:
                 self._publish_raised(name, subject, reply, exc)
                 continue
-            self._capture(name, subject, replies[i], block or None, payload)
+            self._capture(name, subject, asked, block or None, payload)
 
     def _ack_prefix(self, name: str) -> bytes:
         prefix = self._pub_ack_prefix.get(name)
