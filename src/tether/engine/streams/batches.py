@@ -314,7 +314,9 @@ class AtomicBatches:
         next sequence of a batch of ``stream`` already open, no commit, no reply, within
         the stream's ``max_msg_size`` (-1: none) and the batch's size limit. Every
         check of :meth:`stage` holds for such a message, so it is taken without them:
-        a match, two comparisons and the appends. Returns the index of the first
+        its block is compared with the one the batch's next message has as publishers
+        write it (a match only at the first message of a batch in the run), then it is
+        appended to the batch's lists. Returns the index of the first
         message not taken, which the caller stages on its own (with every check and
         its error), then calls again for the rest."""
         n = len(blocks)
