@@ -505,6 +505,9 @@ def routes(app: Dashboarded) -> list[BaseRoute]:
         stream, name = request.path_params["stream"], request.path_params["consumer"]
         try:
             result = dead.answer(operation, stream, name, await request.body())
+            consumer = dead.registry.find(stream, name)
+            if consumer is not None:
+                await dead.registry.saved(consumer)  # 2xx once the change is stored
         except errors.ApiError as exc:
             return _error(exc.code, exc.description)
         log.info(
