@@ -233,18 +233,18 @@ def raw_publish(
             now = time.monotonic()
             if now > send_until and not res.capped and next_batch < len(batches):
                 res.capped = True  # finish the batch on the wire, start no other
-            if not conn.out:
-                if (
-                    not res.capped
-                    and next_batch < len(batches)
-                    and sent + batches[next_batch][1] - received <= window
-                ):
-                    data, k = batches[next_batch]
-                    next_batch += 1
-                    sent += k
-                    conn.send(data)
-                elif received >= sent and (res.capped or next_batch >= len(batches)):
-                    break
+            # Every batch the window lets out is queued now, not one per reply.
+            while (
+                not res.capped
+                and next_batch < len(batches)
+                and sent + batches[next_batch][1] - received <= window
+            ):
+                data, k = batches[next_batch]
+                next_batch += 1
+                sent += k
+                conn.send(data)
+            if not conn.out and received >= sent and (res.capped or next_batch >= len(batches)):
+                break
             if now > hard_deadline:
                 raise BenchError(f"deadline: {received:,} PubAcks of {sent:,} sent")
             conn.pump()
@@ -302,13 +302,14 @@ def raw_atomic(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
             now = time.monotonic()
             if now > t0 + cap and next_unit < len(units):
                 res.capped = True
-            if not conn.out:
-                if not res.capped and next_unit < len(units) and next_unit - received < in_flight:
-                    conn.send(units[next_unit])
-                    next_unit += 1
-                    continue
-                if received >= next_unit and (res.capped or next_unit >= len(units)):
-                    break
+            # Every batch the limit lets out is queued now: sending the next one only once
+            # the socket took the last one (pump() then waits for a reply) kept a single
+            # batch in flight, not the 50 meant.
+            while not res.capped and next_unit < len(units) and next_unit - received < in_flight:
+                conn.send(units[next_unit])
+                next_unit += 1
+            if not conn.out and received >= next_unit and (res.capped or next_unit >= len(units)):
+                break
             if now > t0 + cap + opts["drain"]:
                 raise BenchError(f"deadline: {received:,} commits of {next_unit:,} batches")
             conn.pump()
