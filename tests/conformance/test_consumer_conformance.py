@@ -100,8 +100,9 @@ class Session:
         return out
 
     async def pub(self, subject: str, n: int = 1, data: bytes = b"x") -> None:
+        # Stored messages always get an answer: a long timeout only bounds a slow machine.
         for i in range(n):
-            await self.nc.request(subject, data + b"%d" % i, timeout=2)
+            await self.nc.request(subject, data + b"%d" % i, timeout=10)
 
     async def pull(self, stream: str, consumer: str, body: Any = b"", wait: float = 1.0) -> None:
         """A pull request; replies are collected until a status ends it, the batch is
@@ -165,7 +166,10 @@ class Session:
         await self.req(f"{API}.CONSUMER.INFO.{stream}.{consumer}")
 
     async def stream(self, name: str, **config: Any) -> None:
-        await self.req(f"{API}.STREAM.CREATE.{name}", {"name": name, **config}, keep=False)
+        # Not logged, so not left to req's short "no reply": a slow machine's late answer
+        # would otherwise surface steps later as "no responders".
+        data = json.dumps({"name": name, **config}).encode()
+        await self.nc.request(f"{API}.STREAM.CREATE.{name}", data, timeout=10)
 
     async def consumer(self, stream: str, name: str, **config: Any) -> None:
         body = {"stream_name": stream, "config": {"durable_name": name, **config}}

@@ -308,8 +308,12 @@ async def prioritized(s: Session) -> None:
         body = {"batch": 2, "expires": 30_000_000_000, "group": "g", "priority": priority}
         await s.nc.publish(f"{API}.CONSUMER.MSG.NEXT.Q.C", json.dumps(body).encode(), reply=inbox)
     await num_waiting(s, "Q", "C", 4)  # all four are in before the first message
-    await s.pub("q.a", 6)
-    await until("6 deliveries", lambda: sum(len(g) for g in got) >= 6)
+    # One message at a time, each delivered before the next is stored: the pending count
+    # a delivery carries (its ack subject's last token) would otherwise depend on how a
+    # delivery races the next publish.
+    for i in range(6):
+        await s.nc.request("q.a", b"x%d" % i, timeout=10)
+        await until(f"delivery {i + 1}", lambda n=i + 1: sum(len(g) for g in got) >= n)
     await asyncio.sleep(0.05)  # for anything unexpected after them
     for sub, received in zip(subs, got, strict=True):
         await sub.unsubscribe()
