@@ -218,3 +218,26 @@ async def test_a_crash_before_the_save_redelivers_and_a_clean_shutdown_saves(
     after_crash.get("S", "c").ack(2)
     await after_crash.close()  # a clean shutdown saves what nobody waited for
     assert await stored_pending(store) == [1, 3]
+
+
+async def test_a_waiter_is_never_told_by_a_save_without_its_consumer(clock: FakeClock) -> None:
+    store, registry = await setup(clock)
+    await registry.create("S", ConsumerConfig(durable_name="d", ack_policy="explicit"))
+    await delivered(clock, registry, 2)
+    await turn(clock, SAVE_INTERVAL)
+    registry.get("S", "c").ack(1)  # c waits for the interval
+    d = registry.get("S", "d")
+    d.pull("_INBOX.d", b"1")
+    told: list[StorageError | None] = []
+    writes = store.state_writes
+    registry.after_save(d, told.append)
+    # The interval's timer runs in the same loop pass, before this tick's flush: the
+    # save it makes carries the waiter, so it carries the waiter's consumer too.
+    registry._save_dirty()
+    await ticks()
+    assert told == [None] and store.state_writes == writes + 2  # c and d
+    assert [r.name for r in await store.load_consumers("S")] == ["c", "d"]
+    (d_state,) = [decode_state(r.state) for r in await store.load_consumers("S") if r.name == "d"]
+    assert d_state.pending[0::3] == [1]  # its delivery, as it was when the waiter came
+    await turn(clock)  # this tick's flush: nothing left to save
+    assert store.state_writes == writes + 2

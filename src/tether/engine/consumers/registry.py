@@ -407,8 +407,7 @@ class ConsumerRegistry:
             if self._save_timer is None:
                 self._save_timer = self.clock.call_later(wait, self._save_due)
             return
-        urgent, self._urgent = self._urgent, {}
-        self._save(list(urgent.values()))
+        self._save([])
 
     def _save_due(self) -> None:
         self._save_timer = None
@@ -426,13 +425,17 @@ class ConsumerRegistry:
         self._save(list(self._dirty.values()))
 
     def _save(self, consumers: list[Consumer]) -> None:
-        """Write the states of ``consumers`` and tell the waiters once they commit."""
+        """Write the states of ``consumers`` and of those someone waits for, and tell the
+        waiters once they commit (the waiters and their consumers always go together)."""
         started = time.perf_counter()
         waiters, self._save_waiters = self._save_waiters, []
+        urgent, self._urgent = self._urgent, {}
+        for consumer in consumers:
+            urgent[id(consumer)] = consumer
         store = self.store
         dirty = self._dirty
         saved: list[Consumer] = []
-        for consumer in consumers:
+        for consumer in urgent.values():
             dirty.pop(id(consumer), None)
             if consumer.deleted or consumer.config.mem_storage:
                 continue
