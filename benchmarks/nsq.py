@@ -75,7 +75,10 @@ async def publish(port: int, frames: list[bytes], window: int, stall: float) -> 
     writer.close()
 
 
-async def consume(port: int, topic: str, n: int, stall: float) -> None:
+async def consume(port: int, topic: str, n: int, stall: float, fin_chunk: int = 0) -> None:
+    """FIN everything read at once, or (``fin_chunk``) at most that many per write with
+    a pause after each, so that each lands in its own server read, as a client that
+    finishes messages one handler call at a time (pynsq's Reader) sends them."""
     reader, writer = await connect(port)
     writer.write(commands.sub(topic, "bench") + commands.rdy(2500))
     parse = FrameReader()
@@ -90,7 +93,13 @@ async def consume(port: int, topic: str, n: int, stall: float) -> None:
             if f.frame_type == FRAME_MESSAGE
         ]
         got += len(fins)
-        writer.write(b"".join(fins))
+        if not fin_chunk:
+            writer.write(b"".join(fins))
+            continue
+        for i in range(0, len(fins), fin_chunk):
+            writer.write(b"".join(fins[i : i + fin_chunk]))
+            await writer.drain()
+            await asyncio.sleep(0.0005)
     await writer.drain()
     writer.close()
 
@@ -204,7 +213,7 @@ def measure(load: str, args: Any) -> Run:
             elif load == "pynsq-consume":
                 job = pynsq_consume(port, "bench", n, args.stall)
             else:
-                job = consume(port, "bench", n, args.stall)
+                job = consume(port, "bench", n, args.stall, args.fin_chunk)
             run_async(job, args.client_loop)
         except (BenchError, OSError, TimeoutError) as exc:
             run.error = f"{type(exc).__name__}: {exc}"
@@ -220,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     cli.parser.add_argument("--batch", type=int, default=100, help="messages per MPUB (100)")
     cli.parser.add_argument("--window", type=int, default=20, help="MPUBs unanswered (20)")
     cli.parser.add_argument("--load", choices=[*LOADS, "all"], default="all")
+    cli.parser.add_argument(
+        "--fin-chunk",
+        type=int,
+        default=0,
+        help="consume: FINs per write, each its own server read (0: all read at once)",
+    )
     args = cli.parse(argv)
     env = environment(uvloop=True)
     print(f"nsq: {describe(env)}")
