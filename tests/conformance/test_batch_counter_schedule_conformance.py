@@ -14,6 +14,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import time
 from typing import Any
 
 import nats
@@ -145,7 +146,7 @@ async def test_schedules_and_api_levels_in_atomic_batches(peers: Peers) -> None:
         ("$JS.API.STREAM.MSG.GET.AS", {"last_by_subj": "as.x"}, None),
     ]
     await compare(peers, steps)
-    await asyncio.sleep(5)  # the schedule set by the batch fires
+    await _settled(peers, "AS", at)  # the schedule set by the batch fires
     assert await stored(peers.tether, "AS") == await stored(peers.nats, "AS")
 
 
@@ -208,6 +209,18 @@ async def test_counters(peers: Peers) -> None:
 def _at(seconds: float) -> str:
     when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _settled(peers: Peers, stream: str, at: str) -> None:
+    """A second past the ``@at`` time ``at``, then until both servers hold the same in
+    ``stream`` (15 s at most): a busy machine may fire a schedule later on one of them."""
+    due = dt.datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    await asyncio.sleep(max(0.0, (due - dt.datetime.now(dt.UTC)).total_seconds()) + 1)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if await stored(peers.tether, stream) == await stored(peers.nats, stream):
+            return
+        await asyncio.sleep(0.25)
 
 
 async def stored(url: str, stream: str) -> list[Any]:
@@ -358,7 +371,7 @@ async def test_schedules(peers: Peers) -> None:
         ),
     ]
     await compare(peers, steps)
-    await asyncio.sleep(5)  # the @at schedules are due
+    await _settled(peers, "SC", at)  # the @at schedules are due
     assert await stored(peers.tether, "SC") == await stored(peers.nats, "SC")
 
 
