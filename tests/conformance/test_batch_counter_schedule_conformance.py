@@ -425,8 +425,7 @@ async def _fast_batches(url: str) -> list[Any]:
         for seq in range(1, 1201):
             op = 0 if seq == 1 else 2 if seq == 1200 else 1
             await nc.publish("fb.big", b"d", reply=_fi("big", 1000, "ok", seq, op))
-        await asyncio.sleep(1.0)
-        info = await request(nc, "$JS.API.STREAM.INFO.FB")
+        info = await _steady(nc, "FB")
         out.append(info["state"]["messages"])
         out.append(
             await request(nc, "$JS.API.STREAM.UPDATE.FB", {"name": "FB", "subjects": ["fb.>"]})
@@ -437,6 +436,20 @@ async def _fast_batches(url: str) -> list[Any]:
         return out
     finally:
         await nc.close()
+
+
+async def _steady(nc: Client, stream: str) -> dict[str, Any]:
+    """The stream's info once its message count held for half a second (a second at
+    least, 10 s at most): what a busy server still stores is not cut off mid-way."""
+    await asyncio.sleep(0.5)
+    info = await request(nc, f"$JS.API.STREAM.INFO.{stream}")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        last, info = info, await request(nc, f"$JS.API.STREAM.INFO.{stream}")
+        if info["state"]["messages"] == last["state"]["messages"]:
+            break
+    return info
 
 
 async def test_fast_ingest_batches(peers: Peers) -> None:
