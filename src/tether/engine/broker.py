@@ -444,11 +444,11 @@ class Broker:
         if others is None:
             others = self.used(storage) - stream.state.bytes
             if not self._others:
-                with contextlib.suppress(RuntimeError):  # no loop: nothing is kept
+                try:
                     asyncio.get_running_loop().call_soon(self._others.clear)
-                    self._others[stream.name] = others
-            else:
-                self._others[stream.name] = others
+                except RuntimeError:  # no loop to clear it: nothing is kept
+                    return bound - others
+            self._others[stream.name] = others
         return bound - others
 
     def _check_full(self, stream: Stream) -> None:

@@ -363,9 +363,9 @@ class ConsumerRegistry:
         self._save_waiters.append(done)
         self._schedule()
 
-    async def saved(self, consumer: Consumer) -> None:
-        """Return once ``consumer``'s state as it is now is committed (:meth:`after_save`);
-        raise the JetStream store error if that commit fails."""
+    def state_saved(self, consumer: Consumer) -> asyncio.Future[StorageError | None]:
+        """:meth:`after_save` as a future: None once ``consumer``'s state as it is now is
+        committed, or why that commit failed."""
         done: asyncio.Future[StorageError | None] = asyncio.get_running_loop().create_future()
 
         def told(error: StorageError | None) -> None:
@@ -373,7 +373,12 @@ class ConsumerRegistry:
                 done.set_result(error)
 
         self.after_save(consumer, told)
-        error = await done
+        return done
+
+    async def saved(self, consumer: Consumer) -> None:
+        """Return once ``consumer``'s state as it is now is committed; raise the
+        JetStream store error if that commit fails."""
+        error = await self.state_saved(consumer)
         if error is not None:
             raise errors.store_failed(str(error))
 

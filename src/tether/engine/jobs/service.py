@@ -276,9 +276,7 @@ class WebhookService:
         waits: list[asyncio.Future[StorageError | None]] = []
         view = self.views.get((k.channel, k.id))
         if view is not None and not view.closed:
-            engine: asyncio.Future[StorageError | None] = loop.create_future()
-            self.consumers.after_save(view.consumer, lambda error: _resolve(engine, error))
-            waits.append(engine)
+            waits.append(self.consumers.state_saved(view.consumer))
         key = (k.channel, k.id)
         if (
             key in self._dirty

@@ -498,11 +498,9 @@ class ClientConnection(asyncio.Protocol):
         # A round trip not measured yet, or measured over an hour ago, is worth a PING
         # even to a busy client.
         need_rtt = not self._rtt_start or time.time() - self._rtt_start > RTT_REFRESH
-        if self._got_data and not need_rtt:
-            # Data from the client within the interval proves it alive: no PING needed.
-            self._got_data = False
-        else:
-            self._got_data = False
+        got_data, self._got_data = self._got_data, False
+        # Data from the client within the interval proves it alive: no PING needed.
+        if need_rtt or not got_data:
             if self._pings_out + 1 > cfg.max_pings_out:
                 self.close_with_error(errors.STALE_CONNECTION)
                 return
