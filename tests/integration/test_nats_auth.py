@@ -357,14 +357,17 @@ async def test_allow_responses(users_conf: Path) -> None:
             await msg.respond(b"first")
             await msg.respond(b"second")  # one response per request (the default)
 
-        await service.subscribe("svc.echo", cb=answer)
-        await service.flush()
-        reply = await client.request("svc.echo", b"q", timeout=2)
-        await service.publish("svc.free", b"x")  # not a reply: refused
-        await service.flush()
-        await asyncio.sleep(0.1)
-        await client.close()
-        await service.close()
+        try:
+            await service.subscribe("svc.echo", cb=answer)
+            await service.flush()
+            reply = await client.request("svc.echo", b"q", timeout=2)
+            await service.publish("svc.free", b"x")  # not a reply: refused
+            await service.flush()
+            await asyncio.sleep(0.1)
+        finally:
+            # Closed also when it fails: a socket left open fails a later test.
+            await client.close()
+            await service.close()
         return [reply.data.decode(), *(re.sub(r'"_inbox\.[^"]*"', '"<inbox>"', e) for e in errors)]
 
     assert await both(users_conf, run) == [
