@@ -242,6 +242,8 @@ def test_batch_streaming_and_sink_on_a_standalone_cluster(
             if driver.poll() is None:
                 driver.kill()
                 driver.wait()
+            if driver.stdout is not None:
+                driver.stdout.close()  # a failed run must not leave the pipe to a later test
         log = (tmp_path / "driver.log").read_text(errors="replace")
         assert driver.returncode == 0, log[-5000:]
         result = json.loads(out.split("RESULT ", 1)[1])
