@@ -18,6 +18,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from natspy_support import flush_subscriptions
 
 from tether.testing import RawClient, RunningServer, run_server
 
@@ -42,7 +43,7 @@ class Witness:
             await msg.respond(msg.data)
 
         await self.responder.subscribe("witness.echo", cb=echo)
-        await self.responder.flush()
+        await flush_subscriptions(self.responder)
 
     async def check(self) -> None:
         assert self.requester is not None

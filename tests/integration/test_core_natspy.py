@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from natspy_support import flush_subscriptions
 
 from tether.testing import RunningServer, run_server
 
@@ -93,7 +94,7 @@ async def test_pub_sub(server: RunningServer) -> None:
 async def test_pub_sub_across_connections(server: RunningServer) -> None:
     async with client(server.url) as a, client(server.url) as b:
         sub = await a.subscribe("across")
-        await a.flush()
+        await flush_subscriptions(a)
         for i in range(100):
             await b.publish("across", str(i).encode())
         got = [int((await sub.next_msg(timeout=2)).data) for _ in range(100)]
@@ -147,9 +148,9 @@ async def test_queue_group_distribution(server: RunningServer) -> None:
     ):
         for i, nc in enumerate((m0, m1, m2)):
             await nc.subscribe("jobs", queue="workers", cb=member(i))
-            await nc.flush()
+            await flush_subscriptions(nc)
         watcher = await plain.subscribe("jobs")
-        await plain.flush()
+        await flush_subscriptions(plain)
         for i in range(300):
             await publisher.publish("jobs", str(i).encode())
         await publisher.flush()
@@ -170,7 +171,7 @@ async def test_request_reply(server: RunningServer) -> None:
             await msg.respond(b"echo:" + msg.data)
 
         await responder.subscribe("svc.echo", cb=echo)
-        await responder.flush()
+        await flush_subscriptions(responder)
         for i in range(20):
             reply = await requester.request("svc.echo", str(i).encode(), timeout=2)
             assert reply.data == f"echo:{i}".encode()
@@ -247,7 +248,7 @@ async def test_many_subscribers(server: RunningServer) -> None:
     async with client(server.url) as subscriber, client(server.url) as publisher:
         for i in range(200):
             await subscriber.subscribe("fanout", cb=handler(i))
-        await subscriber.flush()
+        await flush_subscriptions(subscriber)
         for _ in range(3):
             await publisher.publish("fanout", b"x")
         await asyncio.wait_for(done.wait(), 10)
@@ -258,7 +259,7 @@ async def test_many_subscribers(server: RunningServer) -> None:
 async def test_no_echo(server: RunningServer) -> None:
     async with client(server.url, no_echo=True) as quiet, client(server.url) as other:
         sub = await quiet.subscribe("echo.test")
-        await quiet.flush()
+        await flush_subscriptions(quiet)
         await quiet.publish("echo.test", b"mine")
         await quiet.flush()
         await other.publish("echo.test", b"theirs")
@@ -366,7 +367,7 @@ async def test_monitoring(server: RunningServer) -> None:
             await eventually(lambda: _field_is(varz(), "connections", baseline + 2))
             before = await varz()
             sub = await a.subscribe("stats")
-            await a.flush()
+            await flush_subscriptions(a)
             for _ in range(10):
                 await b.publish("stats", b"12345")
             await b.flush()

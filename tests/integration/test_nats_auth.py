@@ -30,6 +30,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.errors import NoServersError, TimeoutError
+from natspy_support import flush_subscriptions
 
 from tether.server.app import Tether
 from tether.server.conf.mapping import translate
@@ -279,7 +280,7 @@ async def test_a_denied_subject_never_reaches_a_wider_subscription(users_conf: P
         try:
             got: list[str] = []
             s = await sub.subscribe("sub.>")
-            await sub.flush()
+            await flush_subscriptions(sub)
             for subject in ("sub.a", "sub.secret", "sub.b", "sub.end"):
                 await pub.publish(subject, b"x")
             await pub.flush()
@@ -359,10 +360,10 @@ async def test_allow_responses(users_conf: Path) -> None:
 
         try:
             await service.subscribe("svc.echo", cb=answer)
-            await service.flush()
+            await flush_subscriptions(service)
             reply = await client.request("svc.echo", b"q", timeout=2)
             await service.publish("svc.free", b"x")  # not a reply: refused
-            await service.flush()
+            await flush_subscriptions(service)  # the PUB, like a SUB, waits in its buffer
             await asyncio.sleep(0.1)
         finally:
             # Closed also when it fails: a socket left open fails a later test.

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import nats
+from natspy_support import flush_subscriptions
 
 from tether.testing import run_server
 
@@ -53,7 +54,7 @@ async def test_slow_readers_stay_within_the_budget() -> None:
                 sock.sendall(CONNECT + b"SUB flood 1\r\n")  # and never reads again
                 slow.append(sock)
             await healthy.subscribe("flood", cb=count)
-            await healthy.flush()
+            await flush_subscriptions(healthy)
             async with httpx.AsyncClient(base_url=srv.http_url, timeout=10) as http:
                 assert (await _varz(http))["max_pending_total"] == BUDGET
                 highest = 0

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import nats
 import pytest
+from natspy_support import flush_subscriptions
 
 from tether.testing import RunningServer, run_server
 
@@ -25,7 +26,7 @@ async def test_http_and_nsq_streams_are_advised(server: RunningServer) -> None:
     nc = await nats.connect(server.url)
     try:
         advisories = await nc.subscribe("$JS.EVENT.ADVISORY.STREAM.>")
-        await nc.flush()
+        await flush_subscriptions(nc)
 
         async def next_advisory() -> tuple[str, str, str]:
             msg = await advisories.next_msg(timeout=5)
