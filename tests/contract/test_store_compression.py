@@ -268,7 +268,7 @@ async def test_a_schema_2_database_is_checked_then_migrated(tmp_path: Path) -> N
         version = await store.call_in_writer(
             lambda c: c.execute("PRAGMA user_version").fetchone()[0]
         )
-        assert version == SCHEMA_VERSION == 3
+        assert version == SCHEMA_VERSION == 4
         await store.put_stream(StreamRecord("s", b"{}", 1, "s2"))
         await store.append("s", StoredMessage(3, "a", b"", document(3), TS + 3))
         assert await store.read("s", 3) == StoredMessage(3, "a", b"", document(3), TS + 3)

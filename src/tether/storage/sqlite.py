@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import sqlite3
 import struct
@@ -68,19 +69,51 @@ from tether.storage.threaded import ThreadedStore
 
 __all__ = ["DB_FILENAME", "SqliteStore"]
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 
 DB_FILENAME = "tether.db"
 WAL_SUFFIX = "-wal"
 # 1: the first schema. 2: ``messages.crc``, each message's checksum (see checksum.py).
 # 3: ``streams.compression`` and ``messages.plain_size`` (see compression.py).
-SCHEMA_VERSION = 3
+# 4: ``messages`` and ``consumers`` are rowid tables (they were WITHOUT ROWID).
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 5000
 
 # -- SQL --------------------------------------------------------------------------------
 # Every statement the backend runs. ``stream_seq`` holds each stream's high-water mark,
 # raised once per stream per transaction, so the last sequence survives deleting the
 # tail messages.
+#
+# ``messages`` and ``consumers`` are rowid tables with a unique (stream, …) key, not
+# WITHOUT ROWID: a WITHOUT ROWID row is kept in its page only up to about 1,000 bytes
+# (of a 4 KiB page), the rest of a longer row going to an overflow page of its own, so
+# a 1 KiB message took 4.7 KiB on disk. A rowid table keeps rows up to about 4,000
+# bytes in the page; the key's index costs a second, small B-tree (measured in
+# docs/benchmarks.md, "SQLite row layout").
+_MESSAGES_TABLE = """(
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    subject TEXT NOT NULL,
+    headers BLOB NOT NULL,
+    data BLOB NOT NULL,
+    ts INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    crc INTEGER NOT NULL,
+    plain_size INTEGER,
+    PRIMARY KEY (stream, seq)
+)"""
+_MESSAGE_COLUMNS = "stream, seq, subject, headers, data, ts, priority, crc, plain_size"
+_CONSUMERS_TABLE = """(
+    stream TEXT NOT NULL,
+    name TEXT NOT NULL,
+    config BLOB NOT NULL,
+    state BLOB NOT NULL,
+    created_ns INTEGER NOT NULL,
+    PRIMARY KEY (stream, name)
+)"""
+_CONSUMER_COLUMNS = "stream, name, config, state, created_ns"
 SQL_SCHEMA = f"""
 BEGIN IMMEDIATE;
 CREATE TABLE IF NOT EXISTS streams (
@@ -93,26 +126,8 @@ CREATE TABLE IF NOT EXISTS stream_seq (
     stream TEXT NOT NULL PRIMARY KEY,
     last_seq INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS messages (
-    stream TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    subject TEXT NOT NULL,
-    headers BLOB NOT NULL,
-    data BLOB NOT NULL,
-    ts INTEGER NOT NULL,
-    priority INTEGER NOT NULL,
-    crc INTEGER NOT NULL,
-    plain_size INTEGER,
-    PRIMARY KEY (stream, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS consumers (
-    stream TEXT NOT NULL,
-    name TEXT NOT NULL,
-    config BLOB NOT NULL,
-    state BLOB NOT NULL,
-    created_ns INTEGER NOT NULL,
-    PRIMARY KEY (stream, name)
-) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages {_MESSAGES_TABLE};
+CREATE TABLE IF NOT EXISTS consumers {_CONSUMERS_TABLE};
 PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
@@ -147,6 +162,23 @@ BEGIN IMMEDIATE;
 ALTER TABLE streams ADD COLUMN compression TEXT NOT NULL DEFAULT 'none';
 ALTER TABLE messages ADD COLUMN plain_size INTEGER;
 PRAGMA user_version = 3;
+COMMIT;
+"""
+# Version 3 to 4: the two tables are copied into their rowid layout, in key order (the
+# copy is as large as the tables: a database of 10 GB needs 10 GB free for a moment).
+SQL_MIGRATE_3_TO_4 = f"""
+BEGIN IMMEDIATE;
+CREATE TABLE messages_4 {_MESSAGES_TABLE};
+INSERT INTO messages_4 ({_MESSAGE_COLUMNS})
+    SELECT {_MESSAGE_COLUMNS} FROM messages ORDER BY stream, seq;
+DROP TABLE messages;
+ALTER TABLE messages_4 RENAME TO messages;
+CREATE TABLE consumers_4 {_CONSUMERS_TABLE};
+INSERT INTO consumers_4 ({_CONSUMER_COLUMNS})
+    SELECT {_CONSUMER_COLUMNS} FROM consumers ORDER BY stream, name;
+DROP TABLE consumers;
+ALTER TABLE consumers_4 RENAME TO consumers;
+PRAGMA user_version = 4;
 COMMIT;
 """
 # Each stream's last sequence: the high-water mark, or for a stream with no mark yet 0.
@@ -305,6 +337,11 @@ def migrate(conn: sqlite3.Connection) -> None:
         _migrate_step(conn, SQL_MIGRATE_1_TO_2)
     if "plain_size" not in columns:
         _migrate_step(conn, SQL_MIGRATE_2_TO_3)
+    (version,) = conn.execute(SQL_SCHEMA_VERSION).fetchone()
+    if version < 4:
+        (_, _, path) = conn.execute("PRAGMA database_list").fetchone()
+        log.info("copying the messages and consumers of %s into schema 4's layout", path)
+        _migrate_step(conn, SQL_MIGRATE_3_TO_4)
 
 
 def _migrate_step(conn: sqlite3.Connection, script: str) -> None:
