@@ -3,12 +3,15 @@ nats-server configuration file (``jetstream { max_memory_store, max_file_store,
 limits { } }``), the same scenario runs on both, and what each answers is compared,
 and pinned: stream creates and updates over the reservations, publishes into a full
 store, consumer caps and defaults, atomic batch limits, and where the limits are
-reported ($JS.API.INFO, /varz, /jsz)."""
+reported ($JS.API.INFO, /varz, /jsz). A file that sets none shows nats-server's
+defaults: 3/4 of the RAM and of the free disk of the store, enforced as set bounds,
+and at most 1000 consumers to a stream without max_consumers."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,10 @@ jetstream {
 
 # A file stream counts subject + payload + 30 a message, a memory stream + 16.
 FULL_CONF = "jetstream { max_file_store: 1KB, max_memory_store: 2KB }\n"
+
+# Nothing set: both work out nats-server's defaults (each keeps its store in a fresh
+# temporary directory, on the same file system).
+UNSET_CONF = "http_port: -1\njetstream {}\n"
 
 Scenario = Callable[[Client, str], Awaitable[list[Any]]]
 
@@ -85,6 +92,11 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 @pytest.fixture(scope="module")
 def full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     yield from pair(tmp_path_factory, FULL_CONF)
+
+
+@pytest.fixture(scope="module")
+def unset(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    yield from pair(tmp_path_factory, UNSET_CONF)
 
 
 async def run_both(peers: Pair, scenario: Scenario) -> tuple[list[Any], list[Any]]:
@@ -321,3 +333,77 @@ def test_publishes_into_a_full_store(full: Pair) -> None:
         (17, 17 * 122),
         (17 * 122, 8 * 136),
     ]
+
+
+def test_unset_sizes_are_nats_servers_defaults_and_enforced(unset: Pair) -> None:
+    async def scenario(nc: Client, http: str) -> list[Any]:
+        async with httpx.AsyncClient(base_url=http) as web:
+            varz = (await web.get("/varz")).json()["jetstream"]
+            jsz = (await web.get("/jsz")).json()
+        config = varz["config"]
+        sizes = {k: config[k] for k in ("max_memory", "max_storage")}
+        out: list[Any] = [sizes, {k: jsz["config"][k] for k in sizes}]
+        out += [varz["limits"], jsz["limits"]]
+        memory, storage = sizes["max_memory"], sizes["max_storage"]
+        for name, config in [
+            ("M1", stream("M1", storage="memory", max_bytes=memory + 1)),
+            ("F1", stream("F1", storage="file", max_bytes=2 * storage)),
+            ("M2", stream("M2", storage="memory", max_bytes=memory)),  # exactly full
+            ("M3", stream("M3", storage="memory")),  # no byte left
+        ]:
+            reply = await api(nc, f"$JS.API.STREAM.CREATE.{name}", config)
+            out.append(outcome(reply, "max_bytes"))
+        info = await api(nc, "$JS.API.INFO")
+        out.append({k: info[k] for k in ("reserved_memory", "limits")})
+        await api(nc, "$JS.API.STREAM.DELETE.M2")  # the room back, for the next scenario
+        return out
+
+    tether, peer = asyncio.run(run_both(unset, scenario))
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for out in (tether, peer):
+        assert out[0] == out[1]  # /varz and /jsz show the same
+        assert out[0]["max_memory"] == ram // 4 * 3
+    # The free disk moves as anything on the machine writes: close, not equal.
+    disk = [out[0]["max_storage"] for out in (tether, peer)]
+    assert abs(disk[0] - disk[1]) <= max(disk) // 100
+    assert tether[0]["max_memory"] == peer[0]["max_memory"]
+    assert tether[2:] == peer[2:]
+    assert peer[2:] == [
+        {"default_max_consumers": 1000},
+        {"default_max_consumers": 1000},
+        MEMORY,
+        STORAGE,
+        {"max_bytes": peer[0]["max_memory"]},
+        MEMORY,
+        {"reserved_memory": peer[0]["max_memory"], "limits": peer[-1]["limits"]},
+    ]
+    assert peer[-1]["limits"]["max_memory"] == -1  # the account's: no limit of its own
+
+
+def test_a_stream_takes_1000_consumers_unless_set(unset: Pair) -> None:
+    async def scenario(nc: Client, http: str) -> list[Any]:
+        out: list[Any] = []
+        await api(nc, "$JS.API.STREAM.CREATE.C", stream("C", storage="memory"))
+        create = {"stream_name": "C", "config": {"ack_policy": "none"}}
+        replies = await asyncio.gather(
+            *(api(nc, "$JS.API.CONSUMER.CREATE.C", create) for _ in range(1000))
+        )
+        out.append(sum("error" not in reply for reply in replies))
+        out.append(outcome(await api(nc, "$JS.API.CONSUMER.CREATE.C", create)))
+        durable = {"stream_name": "C", "config": {"durable_name": "d", "ack_policy": "none"}}
+        out.append(outcome(await api(nc, "$JS.API.CONSUMER.CREATE.C.d", durable)))
+        info = await api(nc, "$JS.API.STREAM.INFO.C")
+        out.append((info["config"]["max_consumers"], info["state"]["consumer_count"]))
+        # A stream's own max_consumers is not bounded by the default.
+        await api(nc, "$JS.API.STREAM.CREATE.D", stream("D", storage="memory", max_consumers=1001))
+        create = {"stream_name": "D", "config": {"ack_policy": "none"}}
+        replies = await asyncio.gather(
+            *(api(nc, "$JS.API.CONSUMER.CREATE.D", create) for _ in range(1001))
+        )
+        out.append(sum("error" not in reply for reply in replies))
+        return out
+
+    tether, peer = asyncio.run(run_both(unset, scenario))
+    assert tether == peer
+    refused = limits_error(10026, "maximum consumers limit reached", 400)
+    assert peer == [1000, refused, refused, (-1, 1000), 1001]

@@ -6,7 +6,9 @@ same scenarios with nats-server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,13 @@ from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
 from tether.engine.consumers.config import ConsumerConfig, apply_defaults, validate
 from tether.engine.errors import ApiError
-from tether.engine.limits import ServerLimits
+from tether.engine.limits import (
+    ServerLimits,
+    default_max_memory,
+    default_max_storage,
+    disk_available,
+    system_memory,
+)
 from tether.engine.streams.batches import AtomicBatches
 from tether.engine.streams.config import StreamConfig
 from tether.server.app import jetstream_limits
@@ -68,14 +76,24 @@ def test_the_jetstream_block_sets_the_limits(text: str, expected: dict[str, Any]
     ServerConfig(**values)  # every value is one the settings take
 
 
-def test_a_negative_store_size_is_no_bound_with_a_warning() -> None:
-    values, warnings, errors = conf("jetstream {\n  max_file_store: -1\n}")
+def test_a_negative_store_size_is_nats_servers_default() -> None:
+    values, warnings, errors = conf("jetstream {\n  max_file_store: -5, max_mem: -1\n}")
+    assert errors == [] and warnings == []
+    assert (values["max_file_store"], values["max_memory_store"]) == (-1, -1)
+
+
+@pytest.mark.parametrize(("count", "expected"), [(0, {}), (-1, -1), (-7, -1), (5, 5)])
+def test_default_max_consumers_keeps_lifts_or_sets_the_bound(
+    count: int, expected: dict[str, Any] | int
+) -> None:
+    values, _, errors = conf(f"jetstream {{ limits {{ default_max_consumers: {count} }} }}")
     assert errors == []
-    assert values["max_file_store"] == -1
-    assert warnings == [
-        "t.conf:2:3: jetstream.max_file_store: a negative size is nats-server's default "
-        "(75 % of the disk); Tether sets no bound"
-    ]
+    got = values.get("js_default_max_consumers", {})
+    assert got == expected
+    limits = jetstream_limits(
+        ServerConfig(js_default_max_consumers=values.get("js_default_max_consumers", 0))
+    )
+    assert limits.report()["default_max_consumers"] == (1000 if expected == {} else expected)
 
 
 @pytest.mark.parametrize(
@@ -133,17 +151,72 @@ def test_toml_keys_and_flags(tmp_path: Path) -> None:
         "max_ack_pending": 50,
         "max_duplicate_window": 30_000_000_000,
         "max_batch_timeout": 2_500_000_000,
+        "default_max_consumers": 1000,
     }
     path.write_text("max_file_store = -2\n")
     with pytest.raises(ValueError, match="max_file_store"):
         load_config(path, {})
 
 
-def test_the_defaults_bound_nothing() -> None:
-    limits = jetstream_limits(ServerConfig())
-    assert limits == ServerLimits()
+def test_an_engine_alone_has_no_size_bound() -> None:
+    limits = ServerLimits()
     assert not limits.sized
-    assert limits.report() == {}
+    assert limits.report() == {"default_max_consumers": 1000}
+
+
+# -- nats-server's defaults when the sizes are unset -----------------------------------
+
+
+def test_the_memory_default_is_three_quarters_of_the_ram() -> None:
+    # A quarter first, then times 3, as nats-server rounds.
+    assert default_max_memory(1003) == 750
+    assert default_max_memory(0) == 256 * MIB  # unknown: nats-server's guess
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert system_memory() == ram
+    assert default_max_memory() == ram // 4 * 3
+
+
+def test_the_storage_default_is_three_quarters_of_the_free_disk(tmp_path: Path) -> None:
+    def expected() -> int:
+        fs = os.statvfs(tmp_path)
+        return fs.f_bavail * fs.f_bsize // 4 * 3
+
+    for directory in (tmp_path, tmp_path / "not" / "made" / "yet"):
+        before = expected()
+        assert before - MIB <= disk_available(directory) <= expected() + MIB
+    assert not (tmp_path / "not").exists()  # nothing is made to read it
+    assert default_max_storage(None, memory_only=False) == 1024**4  # no local disk: 1 TiB
+    assert default_max_storage(tmp_path, memory_only=True) == default_max_memory()
+
+
+def test_unset_sizes_are_worked_out_from_the_store(tmp_path: Path) -> None:
+    ram = default_max_memory()
+    for store, storage in [
+        (f"sqlite:{tmp_path}", disk_available(tmp_path)),
+        (f"sqlite://{tmp_path}/sub", disk_available(tmp_path)),
+        ("memory", ram),  # every stream lives in RAM
+        ("postgresql://u@h/db", 1024**4),
+    ]:
+        limits = jetstream_limits(ServerConfig(store=store))
+        assert limits.max_memory == ram
+        assert abs(limits.max_storage - storage) <= MIB
+        assert limits.sized
+        assert limits.report() == {"default_max_consumers": 1000}
+    # Set sizes stay as set, 0 included.
+    limits = jetstream_limits(ServerConfig(max_memory_store=0, max_file_store=5))
+    assert (limits.max_memory, limits.max_storage) == (0, 5)
+
+
+async def test_the_worked_out_bound_is_enforced_as_a_set_one(tmp_path: Path) -> None:
+    limits = jetstream_limits(ServerConfig(store="memory"))
+    broker = await broker_with(limits)
+    bound = limits.max_memory
+    assert await refused(broker, "M", {"storage": "memory", "max_bytes": bound + 1}) == 10028
+    await broker.create_stream(
+        "M", body(name="M", subjects=["m"], max_bytes=bound, storage="memory")
+    )
+    assert await refused(broker, "N", {"storage": "memory"}) == 10028  # no byte left
+    broker.close()
 
 
 # -- reservations ------------------------------------------------------------------------
@@ -278,6 +351,51 @@ async def test_a_full_store_refuses_publishes_on_every_path() -> None:
     await broker.store.flush()
     assert out[-1] == PubAck("F", 4)
     broker.close()
+
+
+@pytest.mark.parametrize("path", ["many", "mixed", "headered"])
+async def test_a_run_crossing_the_bound_is_refused_from_the_same_message(path: str) -> None:
+    """The run paths store what fits in one go, and refuse from where one publish at a
+    time would: after the message that crosses the bound."""
+
+    async def run(one_by_one: bool) -> list[Any]:
+        broker = await broker_with(ServerLimits(max_storage=1000))
+        await broker.create_stream("F", body(name="F", subjects=["f.*"], storage="file"))
+        stream = broker.get_stream("F")
+        sink = Sink()
+        hdrs = b"NATS/1.0\r\nK: v\r\n\r\n"
+        n = 15
+        subjects = ["f.a"] * 5 + ["f.b"] * 10
+        payloads = [b"x" * 70] * n
+        replies = [f"r{i}" for i in range(n)]
+        if one_by_one:
+            for i in range(n):
+                head = hdrs if path == "headered" else None
+                subject = subjects[i] if path == "mixed" else "f.a"
+
+                def told(result: PubAck | ApiError) -> None:
+                    if isinstance(result, ApiError):
+                        sink.acks.append(("err", result.err_code))
+                    else:
+                        sink.acks.append(("ack", result.seq))
+
+                broker.publish(stream, subject, head, payloads[i], told)
+        elif path == "many":
+            broker.publish_many(stream, "f.a", payloads, replies, sink)
+        elif path == "mixed":
+            broker.publish_mixed(stream, subjects, payloads, replies, sink)
+        else:
+            done = broker.publish_headered(stream, "f.a", [hdrs] * n, payloads, replies, sink)
+            assert done == n
+        await broker.store.flush()
+        await asyncio.sleep(0)
+        out = [sorted(sink.acks), stream.state.msgs, stream.state.bytes]
+        broker.close()
+        return out
+
+    batched, single = await run(False), await run(True)
+    assert batched == single
+    assert ("err", 10023) in batched[0] and batched[1] < 15
 
 
 async def test_the_streams_of_one_storage_share_the_bound() -> None:

@@ -179,11 +179,17 @@ def serve(
     ] = None,
     max_memory_store: Annotated[
         int | None,
-        typer.Option(help='Bytes the streams with storage "memory" may hold (-1: no bound).'),
+        typer.Option(
+            help='Bytes the streams with storage "memory" may hold '
+            "(-1: nats-server's default, 75 % of the RAM)."
+        ),
     ] = None,
     max_file_store: Annotated[
         int | None,
-        typer.Option(help='Bytes the streams with storage "file" may hold (-1: no bound).'),
+        typer.Option(
+            help='Bytes the streams with storage "file" may hold '
+            "(-1: nats-server's default, 75 % of the free disk)."
+        ),
     ] = None,
     server_name: Annotated[str | None, typer.Option(help="Server name reported in INFO.")] = None,
     log_level: Annotated[

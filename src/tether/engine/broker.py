@@ -158,6 +158,7 @@ class Broker:
         # The server's JetStream limits (engine/limits.py); set by whoever runs the server.
         self.limits = ServerLimits()
         self._others: dict[str, int] = {}  # per stream: the bytes of the others (_room)
+        self._turn_used: dict[str, int] = {}  # per storage: the bytes of its streams (_room)
         # The one timer heap for delayed work (stream schedules, HTTP scheduled messages).
         self.timetable = sched.Timetable(clock)
         self._counters: dict[str, counters.CounterValues] = {}
@@ -430,9 +431,11 @@ class Broker:
         other streams' bytes taken off; below 0 when they hold more), or None when
         there is no bound.
 
-        The other streams' bytes are summed once per loop turn and stream (a publish
-        must not cost a pass over every stream): what they store during the same turn
-        counts from the next one. ``stream``'s own bytes are always current."""
+        The streams' bytes are summed once per loop turn and storage (a publish must
+        not cost a pass over every stream, nor a turn publishing to many streams one
+        pass each), and the others' share taken once per turn and stream: what they
+        store during the same turn counts from the next one. ``stream``'s own bytes
+        are always current."""
         limits = self.limits
         if not limits.sized:
             return None
@@ -442,14 +445,28 @@ class Broker:
             return None
         others = self._others.get(stream.name)
         if others is None:
-            others = self.used(storage) - stream.state.bytes
-            if not self._others:
-                try:
-                    asyncio.get_running_loop().call_soon(self._others.clear)
-                except RuntimeError:  # no loop to clear it: nothing is kept
-                    return bound - others
+            total = self._turn_used.get(storage)
+            if total is None:
+                total = self.used(storage)
+                if not self._turn_used:
+                    try:
+                        asyncio.get_running_loop().call_soon(self._forget_turn)
+                    except RuntimeError:  # no loop to clear it: nothing is kept
+                        return bound - (total - stream.state.bytes)
+                self._turn_used[storage] = total
+            others = total - stream.state.bytes
             self._others[stream.name] = others
         return bound - others
+
+    def _forget_turn(self) -> None:
+        self._turn_used.clear()
+        self._others.clear()
+
+    def _fits(self, stream: Stream, room: int | None, sizes: list[int]) -> bool:
+        """Whether every message of a run of ``sizes`` bytes passes the full-store
+        check of :meth:`_check_full` (the last one is checked before it is stored, so
+        its own size does not count), given ``room`` from :meth:`_room`."""
+        return room is None or stream.state.bytes + sum(sizes) - sizes[-1] <= room
 
     def _check_full(self, stream: Stream) -> None:
         """nats-server's ``limitsExceeded``: 10023 once the streams of ``stream``'s
@@ -615,9 +632,9 @@ class Broker:
         plain = stream.sizing.plain
         overhead = subject_size(subject) + plain
         room = self._room(stream)  # None unless the server bounds this storage
-        if limit < 0 and not discard_new and not stream.evicts and room is None:
+        sizes = [overhead + len(payload) for payload in payloads]
+        if limit < 0 and not discard_new and not stream.evicts and self._fits(stream, room, sizes):
             # Nothing can refuse or evict any of them: index the run in one go.
-            sizes = [overhead + len(payload) for payload in payloads]
             first = stream.append_run(subject, sizes, now)
             store_append = self.store.append
             seq = first
@@ -666,8 +683,9 @@ class Broker:
     ) -> None:
         """:meth:`publish_many` for a run whose messages each have their own subject
         (``subjects[i]`` for ``payloads[i]``): the same outcome as publishing them one
-        by one. A stream without limits that could refuse or evict indexes the run in
-        one go; any other takes it a subject run at a time."""
+        by one. A stream without limits that could refuse or evict (the server's bound
+        included, unless the whole run fits under it) indexes the run in one go; any
+        other takes it a subject run at a time."""
         cfg = stream.config
         if (
             cfg.sealed
@@ -676,24 +694,21 @@ class Broker:
             or stream.evicts
             or cfg.allow_msg_counter
             or cfg.republish
-            or self.limits.sized
         ):
-            start = 0
-            n = len(subjects)
-            for i in range(1, n + 1):
-                if i == n or subjects[i] != subjects[start]:
-                    self.publish_many(
-                        stream, subjects[start], payloads[start:i], replies[start:i], sink
-                    )
-                    start = i
+            self._publish_subject_runs(stream, subjects, payloads, replies, sink)
             return
         if not payloads:
             return
+        stored = subjects
         if cfg.subject_transform:
-            subjects = [_stored_subject(cfg, subject) for subject in subjects]
-        now = self.clock.now()
+            stored = [_stored_subject(cfg, subject) for subject in subjects]
         plain = stream.sizing.plain
-        sizes = [subject_size(s) + plain + len(p) for s, p in zip(subjects, payloads, strict=True)]
+        sizes = [subject_size(s) + plain + len(p) for s, p in zip(stored, payloads, strict=True)]
+        if not self._fits(stream, self._room(stream), sizes):
+            self._publish_subject_runs(stream, subjects, payloads, replies, sink)
+            return
+        subjects = stored
+        now = self.clock.now()
         first = stream.append_mixed(subjects, sizes, now)
         store_append = self.store.append
         name = stream.name
@@ -702,6 +717,24 @@ class Broker:
             store_append(name, StoredMessage(seq, subject, b"", payload, now, 0))
             seq += 1
         self._ran(stream, first, seq - 1, sink, replies)
+
+    def _publish_subject_runs(
+        self,
+        stream: Stream,
+        subjects: list[str],
+        payloads: list[bytes],
+        replies: list[str],
+        sink: PubAckSink | None,
+    ) -> None:
+        """:meth:`publish_mixed` a run of one subject at a time (:meth:`publish_many`)."""
+        start = 0
+        n = len(subjects)
+        for i in range(1, n + 1):
+            if i == n or subjects[i] != subjects[start]:
+                self.publish_many(
+                    stream, subjects[start], payloads[start:i], replies[start:i], sink
+                )
+                start = i
 
     def publish_headered(
         self,
@@ -746,12 +779,14 @@ class Broker:
         ids: list[str] | None = None  # msg ids of first..seq, when any has one
         # Without limits that could refuse or evict, messages without a msg id are
         # indexed and stored a stretch at a time (pending until then).
+        # The server's bound allows that while what is pending keeps under it.
         room = self._room(stream)  # None unless the server bounds this storage
-        bulk = cfg.max_msg_size < 0 and cfg.discard != "new" and not stream.evicts and room is None
+        bulk = cfg.max_msg_size < 0 and cfg.discard != "new" and not stream.evicts
         p_blocks: list[bytes] = []
         p_payloads: list[bytes] = []
         p_sizes: list[int] = []
         p_ttls: list[int] = []
+        p_bytes = 0  # sum(p_sizes)
         i = start
         while i < n:
             block = headers[i]
@@ -769,10 +804,17 @@ class Broker:
                 if reply and sink is not None:
                     sink.pub_failed(name, [reply], refusal)
                 continue
-            if bulk and not raw_id and len(hdrs) <= 65535:
+            if (
+                bulk
+                and not raw_id
+                and len(hdrs) <= 65535
+                and (room is None or stream.state.bytes + p_bytes <= room)
+            ):
                 p_blocks.append(hdrs)
                 p_payloads.append(payload)
-                p_sizes.append(overhead + len(hdrs) + len(payload) + sizing.overhead(hdrs))
+                size = overhead + len(hdrs) + len(payload) + sizing.overhead(hdrs)
+                p_sizes.append(size)
+                p_bytes += size
                 p_ttls.append(ttl)
                 accepted.append(reply)
                 if ids is not None:
@@ -786,6 +828,7 @@ class Broker:
                     first = pfirst
                 seq = pfirst + len(p_payloads) - 1
                 p_blocks, p_payloads, p_sizes, p_ttls = [], [], [], []
+                p_bytes = 0
             msg_id = ""
             try:
                 if raw_id:

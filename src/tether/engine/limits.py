@@ -9,19 +9,75 @@ server makes them (``checkBytesLimits``, ``limitsExceeded``, ``setConsumerConfig
   when it is created or raised (10028 / 10047 once the reservations would pass the
   bound); a publish is refused with 10023 while the streams of its kind already hold
   more than the bound (the message that crosses it is stored, as there).
-* the consumer and batch limits cap or replace nats-server's defaults.
+* the consumer and batch limits cap or replace nats-server's defaults; a stream
+  without ``max_consumers`` takes at most ``default_max_consumers`` (1000 unless set).
 
-A bound of -1 (sizes) or 0 (the rest) means none: nats-server's defaults apply.
+Sizes a server's configuration leaves unset are nats-server's dynamic defaults
+(``dynJetStreamConfig``), worked out once at start: 3/4 of the machine's RAM for
+``max_memory`` and 3/4 of the disk space left where the store lives for ``max_storage``
+(:func:`default_max_memory`, :func:`default_max_storage`). A server enforces those
+exactly as configured bounds. A :class:`ServerLimits` built without sizes (an engine
+on its own) has no bound: -1.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tether.engine.errors import ApiError
 
 NO_BOUND = -1
+# nats-server's defaults (server/jetstream.go): the consumers of a stream without
+# max_consumers, the RAM assumed when the machine's cannot be read (256 MiB) and the
+# disk assumed when the store's cannot be (1 TiB).
+DEFAULT_MAX_CONSUMERS = 1000
+FALLBACK_MEMORY = 256 * 1024 * 1024
+FALLBACK_STORAGE = 1024**4
+
+
+def system_memory() -> int:
+    """The machine's RAM in bytes (what nats-server reads with sysinfo), 0 when unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf, or no such name here
+        return 0
+
+
+def default_max_memory(memory: int | None = None) -> int:
+    """nats-server's ``max_memory`` when none is set: 3/4 of ``memory`` (the machine's
+    RAM unless given), rounded as it rounds (a quarter first); 256 MiB when unknown."""
+    if memory is None:
+        memory = system_memory()
+    return memory // 4 * 3 if memory > 0 else FALLBACK_MEMORY
+
+
+def disk_available(directory: str | os.PathLike[str]) -> int:
+    """nats-server's ``diskAvailable``: 3/4 of the bytes an unprivileged writer may
+    still put on the file system holding ``directory`` (the nearest existing parent
+    when it is not made yet); 1 TiB when that cannot be read."""
+    path = Path(directory).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        fs = os.statvfs(path)
+    except (AttributeError, OSError):  # no statvfs on this platform, or unreadable
+        return FALLBACK_STORAGE
+    return fs.f_bavail * fs.f_bsize // 4 * 3
+
+
+def default_max_storage(directory: str | os.PathLike[str] | None, memory_only: bool) -> int:
+    """nats-server's ``max_storage`` when none is set, for a store kept in
+    ``directory``: :func:`disk_available` there. A store kept in memory holds the
+    "file" streams in RAM too, so they get the RAM's share (:func:`default_max_memory`);
+    a store elsewhere (no local directory) gets nats-server's 1 TiB guess."""
+    if memory_only:
+        return default_max_memory()
+    if directory is None:
+        return FALLBACK_STORAGE
+    return disk_available(directory)
 
 
 def memory_exceeded() -> ApiError:
@@ -49,7 +105,8 @@ class ServerLimits:
     max_ack_pending: int = 0  # caps a consumer's max_ack_pending (and its default 1000)
     max_request_batch: int = 0  # caps a pull consumer's max_batch (and is its default)
     duplicate_window_ns: int = 0  # caps a stream's duplicate_window (and its default 2m)
-    default_max_consumers: int = 0  # consumers of a stream without max_consumers
+    # consumers of a stream without max_consumers (nats-server's 1000); 0 or less: none
+    default_max_consumers: int = DEFAULT_MAX_CONSUMERS
     batch_inflight_per_stream: int = 0  # open atomic or fast batches of one stream
     batch_inflight_total: int = 0  # open atomic or fast batches of the server
     batch_max_msgs: int = 0  # messages of an atomic batch
@@ -77,7 +134,8 @@ class ServerLimits:
             raise memory_exceeded() if storage == "memory" else storage_exceeded()
 
     def report(self) -> dict[str, Any]:
-        """/varz and /jsz ``limits``: the keys set, as nats-server names them (omitempty)."""
+        """/varz and /jsz ``limits``: the keys set, as nats-server names them (omitempty;
+        ``default_max_consumers`` is its 1000 unless set, -1 when lifted)."""
         fields = (
             ("max_request_batch", self.max_request_batch),
             ("max_ack_pending", self.max_ack_pending),

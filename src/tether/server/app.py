@@ -21,7 +21,12 @@ from tether.engine.broker import Broker
 from tether.engine.clock import LoopClock
 from tether.engine.consumers import ConsumerRegistry
 from tether.engine.jobs import ServiceSettings, WebhookService
-from tether.engine.limits import ServerLimits
+from tether.engine.limits import (
+    DEFAULT_MAX_CONSUMERS,
+    ServerLimits,
+    default_max_memory,
+    default_max_storage,
+)
 from tether.engine.sourcing import SourcingService
 from tether.server import banner
 from tether.server.config import ServerConfig
@@ -517,17 +522,35 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def jetstream_limits(cfg: ServerConfig) -> ServerLimits:
-    """The engine's JetStream limits from the settings (nats-server's jetstream block)."""
+    """The engine's JetStream limits from the settings (nats-server's jetstream block),
+    the sizes left unset (-1) worked out as nats-server works them out: from the RAM
+    and from the disk holding the store, once, at start."""
     ns = 1_000_000_000
+    max_memory = cfg.max_memory_store
+    if max_memory < 0:
+        max_memory = default_max_memory()
+    max_storage = cfg.max_file_store
+    if max_storage < 0:
+        max_storage = default_max_storage(_store_directory(cfg.store), cfg.store == "memory")
     return ServerLimits(
-        max_memory=cfg.max_memory_store,
-        max_storage=cfg.max_file_store,
+        max_memory=max_memory,
+        max_storage=max_storage,
         max_ack_pending=cfg.js_max_ack_pending,
         max_request_batch=cfg.js_max_request_batch,
         duplicate_window_ns=round(cfg.js_duplicate_window * ns),
-        default_max_consumers=cfg.js_default_max_consumers,
+        # 0: nats-server's default (1000); -1: no bound
+        default_max_consumers=cfg.js_default_max_consumers or DEFAULT_MAX_CONSUMERS,
         batch_inflight_per_stream=cfg.js_batch_max_inflight_per_stream,
         batch_inflight_total=cfg.js_batch_max_inflight_total,
         batch_max_msgs=cfg.js_batch_max_msgs,
         batch_timeout_ns=round(cfg.js_batch_timeout * ns),
     )
+
+
+def _store_directory(url: str) -> str | None:
+    """The local directory of a ``sqlite:DIR`` store (the forms open_store takes);
+    None for a store with none."""
+    scheme, _, rest = url.partition(":")
+    if scheme != "sqlite":
+        return None
+    return rest[2:] if rest.startswith("//") else rest

@@ -106,14 +106,16 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     js_api_exports: list[str] = msgspec.field(default_factory=list)
     # -- JetStream limits: nats-server's jetstream block (docs/configuration.md) ----------------
     # Bytes the streams with storage "memory" / "file" may hold, counted as nats-server
-    # counts each (every stream lives in the store); -1: no bound, 0: none may be stored.
+    # counts each (every stream lives in the store); 0: none may be stored; -1: nats-server's
+    # default, worked out at start (3/4 of the RAM / of the free disk of the store).
     max_memory_store: Annotated[int, msgspec.Meta(ge=-1)] = -1
     max_file_store: Annotated[int, msgspec.Meta(ge=-1)] = -1
     # nats-server's jetstream.limits (0: its defaults, no cap)
     js_max_ack_pending: Annotated[int, msgspec.Meta(ge=0)] = 0  # consumers' largest
     js_max_request_batch: Annotated[int, msgspec.Meta(ge=0)] = 0  # pull consumers' max_batch
     js_duplicate_window: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # seconds, streams' largest
-    js_default_max_consumers: Annotated[int, msgspec.Meta(ge=0)] = 0  # per stream, if unset
+    # consumers of a stream without max_consumers; 0: nats-server's 1000, -1: no bound
+    js_default_max_consumers: Annotated[int, msgspec.Meta(ge=-1)] = 0
     js_batch_max_inflight_per_stream: Annotated[int, msgspec.Meta(ge=0)] = 0  # 50 / 1000 fast
     js_batch_max_inflight_total: Annotated[int, msgspec.Meta(ge=0)] = 0  # 1000 / 50,000 fast
     js_batch_max_msgs: Annotated[int, msgspec.Meta(ge=0)] = 0  # an atomic batch's; 1000

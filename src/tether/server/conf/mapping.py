@@ -229,16 +229,16 @@ KEYS: tuple[Key, ...] = (
         "max_memory_store max_mem_store max_mem",
         "`max_memory_store`: bytes the streams with `storage: memory` may hold, counted as "
         "nats-server counts memory (they live in the store like every stream); a negative "
-        "size (nats-server's 75 % of the RAM) is warned about and sets no bound",
-        r.store_size("max_memory_store", "RAM"),
+        "size is nats-server's default, 75 % of the RAM, as when the key is absent",
+        r.store_size("max_memory_store"),
     ),
     _mapped(
         _JS,
         "max_file_store max_file",
         "`max_file_store`: bytes the streams with `storage: file` may hold, counted as "
-        "nats-server counts its files; a negative size (nats-server's 75 % of the disk) is "
-        "warned about and sets no bound",
-        r.store_size("max_file_store", "disk"),
+        "nats-server counts its files; a negative size is nats-server's default, 75 % of "
+        "the free disk where the store lives, as when the key is absent",
+        r.store_size("max_file_store"),
     ),
     _warn(_JS, "domain", "JetStream domains are not supported: the API stays on $JS.API"),
     _refuse(_JS, "key ek encryption_key", _NO_ENCRYPTION),
@@ -282,8 +282,9 @@ KEYS: tuple[Key, ...] = (
     _mapped(
         _JSL,
         "default_max_consumers",
-        "`js_default_max_consumers`: consumers of a stream without `max_consumers` (10026)",
-        r.positive("js_default_max_consumers"),
+        "`js_default_max_consumers`: consumers of a stream without `max_consumers` (10026); "
+        "0 keeps nats-server's default of 1000, a negative count lifts the bound",
+        r.default_consumers("js_default_max_consumers"),
     ),
     _mapped(_JSL, "batch", "the keys below", r.jetstream_batch_limits),
     # -- jetstream { limits { batch { } } } ----------------------------------------------

@@ -494,11 +494,11 @@ def resolver_preload(out: Translation, key: str, item: Item) -> None:
 _SIZE_SHIFTS = {"K": 10, "M": 20, "G": 30, "T": 40}
 
 
-def store_size(target: str, kind: str) -> Reader:
+def store_size(target: str) -> Reader:
     """``max_memory_store`` / ``max_file_store``: bytes (a size, or a string such as
     ``"10G"`` with nats-server's K, M, G, T suffixes). 0 allows no such stream at all,
-    as in nats-server; a negative size is nats-server's default (a share of the
-    machine's ``kind``), which Tether leaves unbounded, with a warning."""
+    as in nats-server; a negative size leaves it unset there, at its default (-1,
+    worked out at start as when the key is absent: engine/limits.py)."""
 
     def read(out: Translation, key: str, item: Item) -> None:
         value = item.value
@@ -506,14 +506,7 @@ def store_size(target: str, kind: str) -> Reader:
             value = _string_size(key, value, item)
         elif isinstance(value, bool) or not isinstance(value, int):
             raise ConfError(f"{key}: must be int64 or string, got {_describe(value)}", item.pos)
-        if value < 0:
-            out.warn(
-                item,
-                f"{key}: a negative size is nats-server's default (75 % of the {kind}); "
-                "Tether sets no bound",
-            )
-            value = -1
-        out.values[target] = value
+        out.values[target] = max(value, -1)
 
     return read
 
@@ -538,6 +531,18 @@ def positive(target: str) -> Reader:
         value = integer(key, item)
         if value > 0:
             out.values[target] = value
+
+    return read
+
+
+def default_consumers(target: str) -> Reader:
+    """``default_max_consumers``: above 0 the bound, below 0 none (-1, as nats-server
+    reports it), 0 keeps nats-server's default of 1000."""
+
+    def read(out: Translation, key: str, item: Item) -> None:
+        value = integer(key, item)
+        if value:
+            out.values[target] = max(value, -1)
 
     return read
 

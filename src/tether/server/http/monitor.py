@@ -25,6 +25,7 @@ from starlette.routing import Route
 from tether.engine.broker import Broker
 from tether.engine.clock import go_duration
 from tether.engine.consumers import ConsumerRegistry
+from tether.engine.limits import ServerLimits
 from tether.engine.subjects import is_valid_subject, subject_matches
 from tether.protocol.numbers import parse_uint
 from tether.server.config import ServerConfig
@@ -340,7 +341,7 @@ def routes(app: Monitored) -> list[Route]:
         body: dict[str, Any] = {
             **base(),
             **stats,
-            "config": _js_config(app),
+            "config": _js_config(app, broker.limits),
             "limits": broker.limits.report(),
             "streams": usage["streams"],
             "consumers": usage["consumers"],
@@ -529,10 +530,11 @@ def _sub_detail(conn: ClientConnection, sub: Any, account: bool = False) -> dict
     return out
 
 
-def _js_config(app: Monitored) -> dict[str, Any]:
+def _js_config(app: Monitored, limits: ServerLimits) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "max_memory": app.config.max_memory_store,  # -1: no bound
-        "max_storage": app.config.max_file_store,
+        # the bounds enforced: the ones set, else nats-server's defaults (engine/limits.py)
+        "max_memory": limits.max_memory,
+        "max_storage": limits.max_storage,
         "store_dir": app.store_url,
         "sync_interval": 0,
     }
@@ -547,7 +549,7 @@ def _varz_jetstream(app: Monitored) -> dict[str, Any]:
     if broker is None or js is None:
         return {}
     return {
-        "config": _js_config(app),
+        "config": _js_config(app, broker.limits),
         "stats": _js_stats(broker, js),
         "limits": broker.limits.report(),
     }
