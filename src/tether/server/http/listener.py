@@ -1,4 +1,9 @@
-"""Runs the HTTP API's ASGI app on uvicorn inside the broker's own event loop."""
+"""Runs the HTTP API's ASGI app on uvicorn inside the broker's own event loop.
+
+An HTTPS listener accepts its connections through :class:`TlsPort`, which answers a
+plain HTTP request as Go's server does (``400``, see :mod:`tls_port`); uvicorn then
+serves no socket of its own, only the protocols handed to it.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import uvicorn
 
 from tether.server.http.auth import AsgiApp, Receive, Scope, Send
 from tether.server.http.limits import HttpLimits, bounded_protocol
+from tether.server.http.tls_port import TlsPort
 from tether.server.listen import listen_socket, show
 
 
@@ -43,6 +49,7 @@ class HttpListener:
         self.port = 0
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._tls_port: TlsPort | None = None
 
     async def start(self) -> None:
         try:
@@ -64,6 +71,7 @@ class HttpListener:
             lifespan="off",
             access_log=False,
             loop="none",
+            port=self.port,  # only for uvicorn's own start message: the socket is given
             http=bounded_protocol(self._limits),
             proxy_headers=False,
             timeout_keep_alive=int(max(1, self._limits.idle_timeout)),
@@ -71,16 +79,34 @@ class HttpListener:
             ssl_certfile=self._tls[0] if self._tls else None,
             ssl_keyfile=self._tls[1] if self._tls else None,
         )
-        if self._ssl_context is not None:
-            config.load()  # what serve() would do, then the context replaces uvicorn's
-            config.ssl = self._ssl_context
-        self._server = _EmbeddedServer(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
+        config.load()  # what serve() would do: uvicorn's TLS context, if any, is made here
+        context = self._ssl_context or config.ssl
+        config.ssl = None  # TLS is the TlsPort's
+        self._server = server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(server.serve(sockets=[] if context else [sock]))
+        while not server.started:
             if self._task.done():
+                sock.close()
                 self._task.result()  # raises the startup error
                 raise RuntimeError("HTTP listener stopped during startup")
             await asyncio.sleep(0.005)
+        if context is not None:
+
+            def protocol() -> asyncio.Protocol:
+                # What uvicorn's own create_server would make for a connection.
+                made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config, server_state=server.server_state, app_state=server.lifespan.state
+                )
+                return made
+
+            self._tls_port = TlsPort(
+                sock,
+                context,
+                protocol,
+                timeout=self._limits.header_timeout,
+                max_pending=self._limits.max_connections,
+            )
+            self._tls_port.start()
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)
@@ -90,6 +116,9 @@ class HttpListener:
         self._app = app
 
     async def stop(self) -> None:
+        if self._tls_port is not None:
+            await self._tls_port.stop()
+            self._tls_port = None
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True

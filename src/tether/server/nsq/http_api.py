@@ -153,10 +153,11 @@ class NsqHttp:
             self.routes = {path: (method, h, True) for path, (method, h, _) in nsqd.items()}
         else:
             self.routes = {**lookup, **nsqd}
-        # nsqd's --tls-required on a plain HTTP port: its own routes answer 403
-        # TLS_REQUIRED (nsqlookupd's, and /ping which both have, stay open).
+        # nsqd's --tls-required on a plain HTTP port: nsqd answers every request there
+        # 403 TLS_REQUIRED, /ping included (its ServeHTTP refuses before routing), so
+        # all of nsqd's routes do here; nsqlookupd's and the rest of the port stay open.
         if tls_required(self.config) == TLS_REQUIRED and not over_tls:
-            self._nsqd_paths = set(nsqd)
+            self._nsqd_paths = {"/ping", *nsqd}
             if not self.config.nsq_https_port:
                 log.warning(
                     "nsq_tls_required: nsqd's routes on the plain HTTP port answer 403 "
@@ -200,7 +201,8 @@ class NsqHttp:
     async def _tls_required(self, send: Send) -> None:
         """nsqd's answer on its plain HTTP port under ``--tls-required``, sent as it is
         whatever the client accepts; nsqd's HTTP clients retry on ``https_port``."""
-        body = msgspec.json.encode({"message": "TLS_REQUIRED", "https_port": self.https_port()})
+        # nsqd's own format string, spaces included (not a JSON encoder's output).
+        body = b'{"message": "TLS_REQUIRED", "https_port": %d}' % self.https_port()
         headers = [
             NSQ_CONTENT_TYPE,
             (b"content-type", b"application/json; charset=utf-8"),

@@ -1,0 +1,218 @@
+"""An HTTPS port that answers plain HTTP as Go's ``net/http`` server does.
+
+Go's server (nats-server's monitoring port, nsqd's ``--https-address``) reads the first
+five bytes of a connection, a TLS record header, before its handshake:
+
+* a record of a handshake or an alert (``0x16``, ``0x15``, version below ``0x1000``):
+  the handshake goes on;
+* ``0x80`` (an SSLv2 hello): a TLS ``protocol_version`` alert, then closed;
+* the start of a request line (``GET /``, ``HEAD ``, ``POST ``, ``PUT /``, ``OPTIO``):
+  ``HTTP/1.0 400 Bad Request`` with the body ``Client sent an HTTP request to an HTTPS
+  server.``, no headers, then closed;
+* anything else, or the end of the stream before five bytes: closed without a word.
+
+OpenSSL has no such look (it fails the handshake and closes), so :class:`TlsPort`
+accepts the connections itself, peeks at the first five bytes (``MSG_PEEK``: they stay
+in the socket for the handshake) and gives a TLS connection to the loop's own TLS
+transport with the HTTP server's protocol, as ``create_server(ssl=...)`` would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections.abc import Callable
+
+log = logging.getLogger("tether.http")
+
+# Go's answer (net/http's conn.serve), byte for byte.
+MISDIRECTED = b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+# crypto/tls's answer to an SSLv2 hello: a fatal protocol_version alert in a TLS 1.0 record.
+SSLV2_ALERT = b"\x15\x03\x01\x00\x02\x02\x46"
+_REQUEST_STARTS = (b"GET /", b"HEAD ", b"POST ", b"PUT /", b"OPTIO")  # Go's list
+_RECORD_HEADER = 5
+_TLS_RECORD_TYPES = (0x15, 0x16)  # alert, handshake
+_LINGER, _LINGER_BYTES = 2.0, 1 << 20  # how long and how much a refused client may send
+_TCP_CLOSE_WAIT = 8  # Linux's tcpi_state once the peer has sent its FIN
+
+
+def first_record(head: bytes) -> str:
+    """What Go makes of a connection's first bytes: ``"tls"``, ``"sslv2"``, ``"http"``
+    or ``"other"`` (``head`` holds five bytes, or fewer when the stream ended)."""
+    if len(head) < _RECORD_HEADER:
+        return "other"
+    if head[0] == 0x80:
+        return "sslv2"
+    if head[0] in _TLS_RECORD_TYPES and head[1] < 0x10:
+        return "tls"
+    if head[:_RECORD_HEADER] in _REQUEST_STARTS:
+        return "http"
+    return "other"
+
+
+class TlsPort:
+    """Accepts on ``sock`` (bound, listening, non-blocking); each TLS connection gets a
+    protocol from ``protocol_factory`` over a TLS transport with ``context``.
+
+    ``timeout`` bounds both the wait for the first five bytes and the handshake (Go's
+    server, as nsqd and nats-server run it, waits without end); ``max_pending`` the
+    connections in that phase at once (past it a new one is closed).
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        *,
+        timeout: float,
+        max_pending: int,
+    ) -> None:
+        self._sock = sock
+        self._context = context
+        self._factory = protocol_factory
+        self._timeout = timeout
+        self._max_pending = max_pending
+        self._pending: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._accept())
+
+    async def stop(self) -> None:
+        """Stops accepting and drops the connections not yet handed over."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._sock.close()
+        pending = list(self._pending)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:  # out of descriptors, say: try again shortly
+                log.warning("https: accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._pending) >= self._max_pending:
+                conn.close()
+                continue
+            task = asyncio.create_task(self._greet(conn))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _greet(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        handed_over = False
+        try:
+            try:
+                head = await asyncio.wait_for(_peek(conn, _RECORD_HEADER), self._timeout)
+            except (OSError, TimeoutError):
+                return
+            kind = first_record(head)
+            if kind == "tls":
+                handed_over = True  # the transport owns the socket from here, even failing
+                await self._handshake(conn)
+                return
+            reply = {"sslv2": SSLV2_ALERT, "http": MISDIRECTED}.get(kind, b"")
+            log.debug("https: %s client (%r) refused", kind, head)
+            with contextlib.suppress(OSError):
+                if reply:
+                    await asyncio.wait_for(loop.sock_sendall(conn, reply), self._timeout)
+                await _linger(conn)
+        finally:
+            if not handed_over:
+                conn.close()
+
+    async def _handshake(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(
+                self._factory, conn, ssl=self._context, ssl_handshake_timeout=self._timeout
+            )
+        except OSError as exc:  # the handshake failed (ssl.SSLError) or timed out
+            log.debug("https: TLS handshake failed: %s", exc)
+
+
+async def _peek(sock: socket.socket, size: int) -> bytes:
+    """Up to ``size`` first bytes, left in the socket; fewer when the stream ends first."""
+    loop = asyncio.get_running_loop()
+    delay = 0.005
+    while True:
+        await _readable(loop, sock)
+        try:
+            head = sock.recv(size, socket.MSG_PEEK)
+        except BlockingIOError:
+            continue
+        if len(head) >= size or not head:
+            return head
+        # Some bytes: the socket stays readable until the rest comes (or the end, which
+        # a peek cannot see behind them), so look again a little later.
+        if _peer_closed(sock):
+            return head
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the peer has sent its FIN (Linux's TCP_INFO; elsewhere the timeout ends
+    the wait)."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, 1)
+    except OSError:
+        return False
+    return bool(info) and info[0] == _TCP_CLOSE_WAIT
+
+
+async def _linger(sock: socket.socket) -> None:
+    """Ends our side, then reads and drops what the client still sends, until its end
+    or for :data:`_LINGER` seconds: closing with unread bytes would reset the
+    connection, and the client might lose the answer with it (nginx's lingering
+    close; Go's server closes at once and a long request can lose its ``400``)."""
+    loop = asyncio.get_running_loop()
+    sock.shutdown(socket.SHUT_WR)
+    deadline = loop.time() + _LINGER
+    taken = 0
+    while taken < _LINGER_BYTES:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return
+        try:
+            await asyncio.wait_for(_readable(loop, sock), remaining)
+        except TimeoutError:
+            return
+        try:
+            chunk = sock.recv(65536)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return
+        taken += len(chunk)
