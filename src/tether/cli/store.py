@@ -1,4 +1,4 @@
-"""``tether store check|repair``: look after a store's files with the server stopped."""
+"""``tether store check|repair|compact``: look after a store's files with the server stopped."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tether.cli._typer import CONTEXT, MARKUP, Command, Group
 
 store_app = typer.Typer(
     name="store",
-    help="Check a store's files for damage, and repair a damaged store.",
+    help="Check a store's files for damage, repair a damaged store, give free space back.",
     cls=Group,
     no_args_is_help=True,
     add_completion=False,
@@ -70,6 +70,27 @@ def repair(store: StoreOption = None, store_dir: StoreDirOption = None) -> None:
         report = repair_store(_directory(store, store_dir))
     except StorageError as exc:
         typer.echo(f"tether store repair: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for line in report.lines():
+        typer.echo(line)
+
+
+@store_app.command(cls=Command)
+def compact(store: StoreOption = None, store_dir: StoreDirOption = None) -> None:
+    """Give the space of deleted messages back to the file system.
+
+    The server reuses that space for new messages but never shrinks the file. Needs
+    free disk space of about the database's size while it runs. Stop the server first.
+
+    Exit status 0: compacted; 1: it could not be done.
+    """
+    from tether.storage.base import StorageError
+    from tether.storage.compaction import compact_store
+
+    try:
+        report = compact_store(_directory(store, store_dir))
+    except StorageError as exc:
+        typer.echo(f"tether store compact: {exc}", err=True)
         raise typer.Exit(1) from None
     for line in report.lines():
         typer.echo(line)
