@@ -28,6 +28,7 @@ from tether.engine.limits import (
 from tether.engine.streams.batches import AtomicBatches
 from tether.engine.streams.config import StreamConfig
 from tether.server.app import jetstream_limits
+from tether.server.banner import friendly_bytes
 from tether.server.conf import parse_text
 from tether.server.conf.mapping import translate
 from tether.server.config import ServerConfig, load_config
@@ -205,6 +206,18 @@ def test_unset_sizes_are_worked_out_from_the_store(tmp_path: Path) -> None:
     # Set sizes stay as set, 0 included.
     limits = jetstream_limits(ServerConfig(max_memory_store=0, max_file_store=5))
     assert (limits.max_memory, limits.max_storage) == (0, 5)
+
+
+def test_the_bounds_are_logged_as_nats_server_logs_them() -> None:
+    # nats-server's friendlyBytes: "Max Memory:      17.66 GB"
+    assert friendly_bytes(18957385728) == "17.66 GB"
+    assert [friendly_bytes(n) for n in (0, 1023, 1024, 1536 * MIB, 1024**4)] == [
+        "0 B",
+        "1023 B",
+        "1.00 KB",
+        "1.50 GB",
+        "1.00 TB",
+    ]
 
 
 async def test_the_worked_out_bound_is_enforced_as_a_set_one(tmp_path: Path) -> None:

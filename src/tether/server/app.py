@@ -214,6 +214,7 @@ class Tether:
         self.broker = Broker(self.store, LoopClock())
         broker = self.broker
         broker.set_limits(jetstream_limits(cfg))
+        banner.announce_limits(broker.limits)
         async with banner.loading("the store", banner.load_progress(broker.loaded)):
             await broker.load()
         self.consumers = ConsumerRegistry(self.broker)

@@ -1,5 +1,5 @@
-"""What ``tether serve`` says about itself as it starts: version, store, sync mode, and
-progress lines while a large store loads (an operator otherwise sees nothing for
+"""What ``tether serve`` says about itself as it starts: version, store, sync mode,
+JetStream's size bounds, and progress lines while a large store loads (an operator otherwise sees nothing for
 seconds and wonders whether it hangs)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tether.engine.broker import LoadProgress
+from tether.engine.limits import ServerLimits
 from tether.server.config import ServerConfig
 from tether.version import NATS_COMPAT_VERSION, __version__
 
@@ -60,6 +61,24 @@ def announce(cfg: ServerConfig) -> None:
         log.info("  Sync:     %s", modes.get(cfg.sync, cfg.sync))
     else:
         log.info("  Store:    none (jetstream = false)")
+
+
+def friendly_bytes(n: int) -> str:
+    """A size as nats-server writes it in its logs (``friendlyBytes``): ``17.66 GB``."""
+    if n < 1024:
+        return f"{n} B"
+    value, unit = float(n), 0
+    while value >= 1024 and unit < 6:
+        value /= 1024
+        unit += 1
+    return f"{value:.2f} {'KMGTPE'[unit - 1]}B"
+
+
+def announce_limits(limits: ServerLimits) -> None:
+    """The bounds of the streams' sizes, as nats-server's JetStream banner gives them
+    (worth a line: unset, they were worked out from this machine)."""
+    log.info("  Max Memory:  %s", friendly_bytes(limits.max_memory))
+    log.info("  Max Storage: %s", friendly_bytes(limits.max_storage))
 
 
 def load_progress(loaded: LoadProgress) -> Callable[[], str]:
