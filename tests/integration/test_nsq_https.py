@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,30 @@ async def test_plain_http_to_the_tls_port_is_answered_as_go_does(
         assert await exchange(port, long_request) == GO_400
         assert "Traceback" not in server.stderr
         assert "Exception" not in server.stderr
+
+
+def test_silent_clients_are_closed_after_the_header_timeout(
+    certs: dict[str, str], tmp_path: Path
+) -> None:
+    """Go's server waits for the first bytes and the handshake without end; here
+    ``http_header_timeout`` bounds both, and the port goes on serving."""
+    conf = config(certs, tmp_path, "http_header_timeout = 0.5\nnsq_https_port = -1\n")
+    with run_server(store="memory", args=["--config", conf]) as srv:
+        port = strict_https_port(srv)
+        waiting = []
+        for first in (b"", b"GET", b"\x16\x03\x01\x02\x00\x01"):  # half a ClientHello
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(first)
+            waiting.append(sock)
+        started = time.monotonic()
+        for sock in waiting[:2]:
+            with sock:
+                assert sock.recv(100) == b""  # closed, with nothing sent
+        with waiting[2], contextlib.suppress(ConnectionResetError):  # an aborted handshake
+            assert waiting[2].recv(100) == b""
+        assert time.monotonic() - started < 3
+        r = httpx.get(f"https://127.0.0.1:{port}/ping", verify=trusting(certs))
+        assert r.text == "OK"
 
 
 # -- nsq_tls_required = true and client certificates -----------------------------------------

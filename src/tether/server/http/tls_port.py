@@ -117,7 +117,9 @@ class TlsPort:
         try:
             try:
                 head = await asyncio.wait_for(_peek(conn, _RECORD_HEADER), self._timeout)
-            except (OSError, TimeoutError):
+            except TimeoutError:
+                head = b""  # too slow: closed as a stream that ended early
+            except OSError:  # reset by the client
                 return
             kind = first_record(head)
             if kind == "tls":
