@@ -74,6 +74,7 @@ class HttpListener:
             port=self.port,  # only for uvicorn's own start message: the socket is given
             http=bounded_protocol(self._limits),
             proxy_headers=False,
+            server_header=False,  # Go's servers (nats-server, nsqd, webhook-broker) send none
             timeout_keep_alive=int(max(1, self._limits.idle_timeout)),
             limit_concurrency=self._limits.max_connections,
             ssl_certfile=self._tls[0] if self._tls else None,
