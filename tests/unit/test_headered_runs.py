@@ -22,6 +22,7 @@ from transport_support import connect as _connect
 from tether.engine.broker import Broker
 from tether.engine.clock import FakeClock
 from tether.engine.errors import ApiError
+from tether.engine.limits import ServerLimits
 from tether.engine.streams.stream import Stream
 from tether.protocol.nats.parser import Parser
 from tether.server.config import ServerConfig
@@ -116,6 +117,8 @@ limits = st.one_of(
             "max_msgs_per_subject": st.integers(1, 3),
             "max_msg_size": st.integers(0, 90),
             "discard": st.sampled_from(["old", "new"]),
+            # the server's bound on the file streams (not a stream setting)
+            "server_max_storage": st.integers(600, 2000),  # room for max_bytes
         },
     ),
 )
@@ -147,6 +150,10 @@ async def _publish(config: dict[str, Any], plan: list[Any], as_runs: bool) -> An
     await store.open()
     clock = FakeClock()
     broker = Broker(store, clock)
+    config = dict(config)
+    bound = config.pop("server_max_storage", None)
+    if bound is not None:
+        broker.set_limits(ServerLimits(max_storage=bound))
     await broker.load()
     sink = RecordingSink()
     broker.listeners.append(sink)
