@@ -168,7 +168,8 @@ async def make_consumers(url: str, n: int) -> None:
     nc = await nats.connect(url, allow_reconnect=False, connect_timeout=10)
     try:
         js = nc.jetstream(timeout=60)
-        await js.add_stream(name="MANY", subjects=["many.>"])
+        # Its own max_consumers: past nats-server's default of 1000 per stream.
+        await js.add_stream(name="MANY", subjects=["many.>"], max_consumers=max(n, 1))
         for i in range(100):
             await js.publish(f"many.{i % 10}", b"x")
         for first in range(0, n, 200):
