@@ -34,6 +34,8 @@ directories that are removed afterwards.
     .venv/bin/python benchmarks/js_publish.py --quick    # 50k raw, 20k nats-py, 50k read
     .venv/bin/python benchmarks/js_publish.py --repeat 3 # median and best of 3 runs
     .venv/bin/python benchmarks/js_publish.py --load raw --atomic-batch 100  # atomic batches
+    .venv/bin/python benchmarks/js_publish.py --load raw --atomic-batch 100 --atomic-msg-id \\
+        --max-msgs 100000   # and batches deduplicated by Nats-Msg-Id, on a stream that evicts
     .venv/bin/python benchmarks/js_publish.py --store postgres   # and Tether on PostgreSQL
     .venv/bin/python benchmarks/js_publish.py --load raw --ttl   # Nats-TTL on every message
     .venv/bin/python benchmarks/js_publish.py --load raw --ttl --ttl-live 1000000
@@ -46,6 +48,14 @@ message with ``Nats-TTL: 1h`` (alive for the whole run: each one a live TTL the 
 tracks); ``--ttl-live N`` first stores N such messages (``ttl-fill``, not compared), so the
 three run with N live TTLs. The report gives ``ttl`` against ``raw`` (the target:
 at most 1.3x its cost) and against ``hdr`` (what the TTL itself costs), per server.
+
+With ``--atomic-msg-id`` a load ``atomic-id`` follows ``atomic``: the same batches, every
+message also carrying a ``Nats-Msg-Id`` of its own (as producers that deduplicate their
+batches send them), all within the duplicate window. ``--max-msgs N`` gives the stream
+``max_msgs: N`` (discard old) for every load, so that once it holds N messages each
+publish, batched or not, evicts the oldest; the check that every acknowledged message
+is stored then allows for what the limit evicted. Both report their rate against
+``raw`` on the same server, from the same run.
 
 The report gives each measurement's rate, the server's CPU per message (steadier than
 the rate on a shared machine), the CPU used by client, server and everything else, and
@@ -261,16 +271,18 @@ def raw_publish(
     return res
 
 
-def raw_atomic(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
+def raw_atomic(port: int, n: int, opts: dict[str, Any], cap: float, load: str = "atomic") -> Result:
     """Atomic batches of ``--atomic-batch`` messages (ADR-50) on a raw socket: every
-    message carries ``Nats-Batch-Id``/``-Sequence``, only the last one (with
+    message carries ``Nats-Batch-Id``/``-Sequence`` (and for ``atomic-id`` a
+    ``Nats-Msg-Id`` unique in the run), only the last one (with
     ``Nats-Batch-Commit: 1``) asks for a PubAck. At most ``window`` messages and 50
     batches wait for their commit: as many as nats-server's per-stream limit (and
     Tether's) lets a publisher have open, since a batch stops counting there when its
     commit is taken, before its PubAck. Rate = messages in acknowledged batches /
     (first send -> last PubAck)."""
-    res = Result("atomic", "", n)
+    res = Result(load, "", n)
     size, per, stall = opts["size"], opts["atomic_batch"], opts["stall"]
+    ids = load == "atomic-id"
     payload = b"x" * size
     subj = SUBJECT.encode()
     units: list[bytes] = []
@@ -278,9 +290,11 @@ def raw_atomic(port: int, n: int, opts: dict[str, Any], cap: float) -> Result:
         frames = []
         for i in range(1, per + 1):
             commit = b"Nats-Batch-Commit: 1\r\n" if i == per else b""
-            hdr = b"NATS/1.0\r\nNats-Batch-Id: b%d\r\nNats-Batch-Sequence: %d\r\n%s\r\n" % (
+            msg_id = b"Nats-Msg-Id: m%d.%d\r\n" % (b, i) if ids else b""
+            hdr = b"NATS/1.0\r\nNats-Batch-Id: b%d\r\nNats-Batch-Sequence: %d\r\n%s%s\r\n" % (
                 b,
                 i,
+                msg_id,
                 commit,
             )
             reply = b" _INBOX.bench.%d" % b if i == per else b""
@@ -401,7 +415,9 @@ def raw_read(port: int, first_seq: int, stored: int, n: int, opts: dict[str, Any
 # -- nats-py -------------------------------------------------------------------------------
 
 
-async def setup_stream(url: str, atomic: bool = False, ttl: bool = False) -> None:
+async def setup_stream(
+    url: str, atomic: bool = False, ttl: bool = False, max_msgs: int = 0
+) -> None:
     import nats
     from nats.js.api import StorageType, StreamConfig
 
@@ -416,6 +432,7 @@ async def setup_stream(url: str, atomic: bool = False, ttl: bool = False) -> Non
                 allow_direct=True,
                 allow_atomic=atomic or None,
                 allow_msg_ttl=ttl or None,
+                max_msgs=max_msgs or -1,
             )
         )
     finally:
@@ -488,8 +505,8 @@ def measure(
             res = raw_publish(srv.port, n, opts, cap)
         elif load in TTL_HEADERS:
             res = raw_publish(srv.port, n, opts, cap, load, TTL_HEADERS[load])
-        elif load == "atomic":
-            res = raw_atomic(srv.port, n, opts, cap)
+        elif load in ("atomic", "atomic-id"):
+            res = raw_atomic(srv.port, n, opts, cap, load)
         elif load == "nats-py":
             res = run_async(natspy_publish(srv.url, n, opts, cap), opts["client_loop"])
         else:
@@ -534,6 +551,7 @@ def run_server(name: str, rep: int, opts: dict[str, Any]) -> list[Result]:
         "nats-py": (opts["sync_messages"] if sync else opts["nats_py_messages"]),
         "read": opts["read_messages"],
         "atomic": (opts["sync_messages"] if sync else opts["messages"]),
+        "atomic-id": (opts["sync_messages"] if sync else opts["messages"]),
         "hdr": (opts["sync_messages"] if sync else opts["messages"]),
         "ttl": (opts["sync_messages"] if sync else opts["messages"]),
         "ttl-fill": opts["ttl_live"],
@@ -542,7 +560,12 @@ def run_server(name: str, rep: int, opts: dict[str, Any]) -> list[Result]:
     results: list[Result] = []
     try:
         with _start(name, opts) as srv:
-            run_async(setup_stream(srv.url, opts["atomic_batch"] > 0, bool(opts["ttl"])), "asyncio")
+            run_async(
+                setup_stream(
+                    srv.url, opts["atomic_batch"] > 0, bool(opts["ttl"]), opts["max_msgs"]
+                ),
+                "asyncio",
+            )
             acked = 0
             for load in opts["loads"]:
                 res = measure(load, name, srv, opts, counts[load], cap)
@@ -552,6 +575,8 @@ def run_server(name: str, rep: int, opts: dict[str, Any]) -> list[Result]:
                 results.append(res)
                 print_run(res)
             stored, _, _ = run_async(stream_state(srv.url), "asyncio")
+            if opts["max_msgs"] > 0:
+                acked = min(acked, opts["max_msgs"])  # the rest evicted by the limit
             if stored < acked:
                 raise BenchError(f"{name}: {stored:,} messages stored but {acked:,} acked")
             print(f"  [{rep + 1}] {name}: {stored:,} stored, {acked:,} PubAcks", flush=True)
@@ -592,7 +617,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     """Per load and server: median and best rate over the repeats, server CPU per
     message (median), the 1-minute load average and the CPU others used meanwhile."""
     table: dict[str, dict[str, Any]] = {}
-    for load in (*LOADS, "atomic", "hdr", "ttl-fill", "ttl"):
+    for load in (*LOADS, "atomic", "atomic-id", "hdr", "ttl-fill", "ttl"):
         row: dict[str, Any] = {}
         for name in SERVERS:
             ok = [r for r in results if r.load == load and r.server == name and not r.error]
@@ -667,17 +692,23 @@ def print_table(summary: dict[str, Any], opts: dict[str, Any]) -> None:
         line += f"  (server CPU per message: tether {r['cpu_ratio']:.2f}x)"
         print(line)
     print_ttl(summary, opts)
-    atomic, raw = summary["rates"].get("atomic", {}), summary["rates"].get("raw", {})
-    for name in SERVERS:
-        if name in atomic and name in raw:
-            ratio = atomic[name]["median"] / raw[name]["median"]
-            line = (
-                f"atomic   {name:17} batches of {opts['atomic_batch']}: "
-                f"{atomic[name]['median']:,.0f} msg/s = {ratio:.2f}x its raw acked rate"
-            )
-            if name == "tether":
-                line += f"  target >= {ATOMIC_TARGET:g}x: {'met' if ratio >= ATOMIC_TARGET else 'MISSED'}"
-            print(line)
+    raw = summary["rates"].get("raw", {})
+    evicting = f", max_msgs {opts['max_msgs']:,}" if opts.get("max_msgs") else ""
+    for load, what in (("atomic", ""), ("atomic-id", " with Nats-Msg-Id")):
+        atomic = summary["rates"].get(load, {})
+        for name in SERVERS:
+            if name in atomic and name in raw:
+                ratio = atomic[name]["median"] / raw[name]["median"]
+                cpu = atomic[name]["server_us_per_msg"] / raw[name]["server_us_per_msg"]
+                line = (
+                    f"{load:9} {name:17} batches of {opts['atomic_batch']}{what}{evicting}: "
+                    f"{atomic[name]['median']:,.0f} msg/s = {ratio:.2f}x its raw acked rate "
+                    f"(CPU/msg {cpu:.2f}x)"
+                )
+                if name == "tether":
+                    met = "met" if ratio >= ATOMIC_TARGET else "MISSED"
+                    line += f"  target >= {ATOMIC_TARGET:g}x: {met}"
+                print(line)
 
 
 def print_ttl(summary: dict[str, Any], opts: dict[str, Any]) -> None:
@@ -749,6 +780,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " and compare their rate with the raw one",
     )
     p.add_argument(
+        "--atomic-msg-id",
+        action="store_true",
+        help="with --atomic-batch: then publish the batches again with a unique Nats-Msg-Id"
+        " on every message (load atomic-id), and compare that rate with the raw one",
+    )
+    p.add_argument(
+        "--max-msgs",
+        type=int,
+        default=0,
+        help="give the stream max_msgs N (discard old): every load past N messages evicts",
+    )
+    p.add_argument(
         "--store",
         default="",
         help="also Tether on PostgreSQL: postgresql://USER:PASS@HOST/DB (its tether_* tables"
@@ -782,8 +825,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         fill = ("ttl-fill",) if args.ttl_live > 0 else ()
         rest = tuple(x for x in args.loads if x != "raw")
         args.loads = (*fill, "raw", "hdr", "ttl", *rest)
+    if args.atomic_msg_id and args.atomic_batch <= 0:
+        p.error("--atomic-msg-id needs --atomic-batch N")
     if args.atomic_batch > 0:
-        args.loads += ("atomic",)
+        args.loads += ("atomic", "atomic-id") if args.atomic_msg_id else ("atomic",)
     return args
 
 
