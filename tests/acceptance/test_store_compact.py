@@ -70,7 +70,9 @@ async def test_compact_gives_free_pages_back_and_keeps_the_rest(tmp_path: Path) 
         await store.close()
 
 
-async def test_compact_refuses_a_store_in_use_and_a_missing_one(tmp_path: Path) -> None:
+async def test_compact_refuses_a_store_in_use_a_newer_one_and_a_missing_one(
+    tmp_path: Path,
+) -> None:
     await fill_then_delete(tmp_path)
     before = size(tmp_path)
     holder = sqlite3.connect(tmp_path / DB_FILENAME)  # as a running server holds it
@@ -87,3 +89,12 @@ async def test_compact_refuses_a_store_in_use_and_a_missing_one(tmp_path: Path) 
     missing = compact(tmp_path / "nothing")
     assert missing.returncode == 1
     assert f"there is no store in {tmp_path / 'nothing'}" in missing.stderr
+
+    newer = sqlite3.connect(tmp_path / DB_FILENAME)
+    try:
+        newer.execute("PRAGMA user_version = 99")  # as a later version of tether would leave it
+    finally:
+        newer.close()
+    refused = compact(tmp_path)
+    assert refused.returncode == 1
+    assert "has schema version 99, newer than this version of tether supports" in refused.stderr

@@ -17,13 +17,7 @@ from pathlib import Path
 from tether.storage.base import StorageError
 from tether.storage.integrity import in_use
 from tether.storage.manifest import database_file_problem
-from tether.storage.sqlite import (
-    DB_FILENAME,
-    SCHEMA_VERSION,
-    SQL_BUSY_TIMEOUT,
-    SQL_SCHEMA_VERSION,
-    WAL_SUFFIX,
-)
+from tether.storage.sqlite import DB_FILENAME, SQL_BUSY_TIMEOUT, WAL_SUFFIX, refuse_newer_schema
 
 __all__ = ["CompactReport", "compact_store"]
 
@@ -68,12 +62,7 @@ def compact_store(directory: str | Path) -> CompactReport:
         conn = sqlite3.connect(db, isolation_level=None)
         try:
             conn.execute(SQL_BUSY_TIMEOUT)
-            (version,) = conn.execute(SQL_SCHEMA_VERSION).fetchone()
-            if version > SCHEMA_VERSION:
-                raise StorageError(
-                    f"the database {db} has schema version {version}, newer than this"
-                    f" version of tether supports ({SCHEMA_VERSION})"
-                )
+            refuse_newer_schema(conn, db)
             conn.execute("VACUUM")
             # The rewritten pages went through the log: copy them into the file and
             # empty the log, so the space is given back now, not at some later start.

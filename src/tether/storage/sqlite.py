@@ -327,6 +327,16 @@ def _legacy_checksum(
     return checksum(stream_seed(stream), seq, subject, headers, data, ts, priority)
 
 
+def refuse_newer_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise :class:`StorageError` for a database written by a newer version of tether."""
+    (version,) = conn.execute(SQL_SCHEMA_VERSION).fetchone()
+    if version > SCHEMA_VERSION:
+        raise StorageError(
+            f"the database {path} has schema version {version}, newer than this"
+            f" version of tether supports ({SCHEMA_VERSION})"
+        )
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring an older schema up to :data:`SCHEMA_VERSION` (no-op for a new database)."""
     columns = {row[0] for row in conn.execute(SQL_MESSAGE_COLUMNS)}
@@ -470,12 +480,7 @@ class _Writer:
             raise StorageError(f"cannot put the database {self.path} in WAL mode (got {mode!r})")
         conn.execute(SQL_SYNCHRONOUS[self.sync])
         conn.execute(SQL_BUSY_TIMEOUT)
-        (version,) = conn.execute(SQL_SCHEMA_VERSION).fetchone()
-        if version > SCHEMA_VERSION:
-            raise StorageError(
-                f"the database {self.path} has schema version {version}, newer than this"
-                f" version of tether supports ({SCHEMA_VERSION})"
-            )
+        refuse_newer_schema(conn, self.path)
         migrate(conn)
         conn.executescript(SQL_SCHEMA)
         self._held = held_streams(conn)
