@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether.storage.base import StorageError
-from tether.storage.checksum import checksum, stream_seed
-from tether.storage.compression import decompress
+from tether.storage.damage import (
+    RepairReport,
+    StoreReport,
+    StreamReport,
+    account,
+    plural,
+    verifies,
+)
 from tether.storage.manifest import (
     MANIFEST_FILENAME,
     compare,
@@ -64,123 +68,6 @@ SQL_INSERT_CONSUMER = (
 # "shared" range for as long as it is open (see SQLite's file format, section Locking).
 _SHARED_FIRST = 0x40000000 + 2
 _SHARED_SIZE = 510
-_SHOWN = 20  # damaged sequences listed per stream; the count is always complete
-
-
-@dataclass
-class StreamReport:
-    """One stream as found in the database (and in the manifest)."""
-
-    name: str
-    defined: bool  # its definition (configuration) is there
-    last_seq: int  # its high-water mark in the database
-    claimed: int | None = None  # the manifest's claim: messages up to this were committed
-    messages: int = 0  # rows read
-    damaged: list[int] = field(default_factory=list)  # sequences that fail their checksum
-    unreadable: list[str] = field(default_factory=list)  # parts that could not be read
-
-    @property
-    def verified(self) -> int:
-        return self.messages - len(self.damaged)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.damaged or self.unreadable or self.short_by)
-
-    @property
-    def short_by(self) -> int:
-        """How far the database's last sequence falls short of the manifest's claim."""
-        return max(0, (self.claimed or 0) - self.last_seq)
-
-    def lines(self) -> list[str]:
-        what = "" if self.defined else " (no definition: the engine cannot load it)"
-        out = [
-            f"stream {self.name!r}{what}: {self.messages} messages, {self.verified} verified,"
-            f" last sequence {self.last_seq}"
-            + (f" (manifest: at least {self.claimed})" if self.claimed is not None else "")
-        ]
-        if self.damaged:
-            shown = ", ".join(map(str, self.damaged[:_SHOWN]))
-            more = f" and {len(self.damaged) - _SHOWN} more" if len(self.damaged) > _SHOWN else ""
-            out.append(f"  {len(self.damaged)} damaged (checksum mismatch): sequence {shown}{more}")
-        out.extend(f"  unreadable: {why}" for why in self.unreadable)
-        if self.short_by:
-            out.append(
-                f"  sequences {self.last_seq + 1} to {self.claimed} were committed and are"
-                " gone (a deleted or damaged write-ahead log, or a truncated database)"
-            )
-        return out
-
-
-@dataclass
-class StoreReport:
-    """What :func:`check_store` found."""
-
-    directory: Path
-    files: list[str] = field(default_factory=list)  # what is there, one line each
-    problems: list[str] = field(default_factory=list)  # store-wide problems
-    streams: list[StreamReport] = field(default_factory=list)
-    consumers: int = 0
-    claims: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and all(s.ok for s in self.streams)
-
-    @property
-    def damaged(self) -> int:
-        return sum(len(s.damaged) for s in self.streams)
-
-    def lines(self, *, advice: bool = True) -> list[str]:
-        out = [f"store {self.directory}", *(f"  {line}" for line in self.files)]
-        out += [line for s in self.streams for line in s.lines()]
-        messages = sum(s.messages for s in self.streams)
-        verified = sum(s.verified for s in self.streams)
-        out.append(
-            f"{_streams(len(self.streams))}, {messages} messages, {verified} verified,"
-            f" {self.damaged} damaged, {self.consumers} consumers"
-        )
-        out += [f"problem: {p}" for p in self.problems]
-        if self.ok:
-            out.append("the store is whole")
-        elif advice:
-            out.append(
-                "the store is damaged: `tether store repair --store sqlite:"
-                f"{self.directory}` keeps what is intact (stop the server first)"
-            )
-        return out
-
-
-@dataclass
-class RepairReport:
-    """What :func:`repair_store` did."""
-
-    found: StoreReport
-    repaired: bool = False
-    kept: dict[str, int] = field(default_factory=dict)  # stream -> messages kept
-    lost: list[str] = field(default_factory=list)
-    moved: list[Path] = field(default_factory=list)
-
-    def lines(self) -> list[str]:
-        if not self.repaired:
-            return [*self.found.lines(), "nothing to repair"]
-        out = [*self.found.lines(advice=False), "repaired:"]
-        out += [f"  moved aside: {path.name}" for path in self.moved]
-        out += [
-            f"  stream {name!r}: {_plural(n, 'message')} kept"
-            for name, n in sorted(self.kept.items())
-        ]
-        out += [f"  lost: {what}" for what in self.lost] or ["  nothing was lost"]
-        out.append(f"  a new {DB_FILENAME} and {MANIFEST_FILENAME} are in place")
-        return out
-
-
-def _plural(n: int, what: str) -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
-
-
-def _streams(n: int) -> str:
-    return _plural(n, "stream")
 
 
 # -- reading a damaged database ---------------------------------------------------------
@@ -246,25 +133,6 @@ def _scan_sql(conn: sqlite3.Connection, sql: str) -> str:
     return sql
 
 
-def _verifies(stream: str, row: tuple[object, ...]) -> bool:
-    seq, subject, headers, data, ts, priority, crc, plain_size = row
-    try:
-        if plain_size is not None:
-            data = decompress(data, plain_size)  # type: ignore[arg-type]
-        computed = checksum(
-            stream_seed(stream),
-            seq,  # type: ignore[arg-type]
-            subject,  # type: ignore[arg-type]
-            headers,  # type: ignore[arg-type]
-            data,  # type: ignore[arg-type]
-            ts,  # type: ignore[arg-type]
-            priority,  # type: ignore[arg-type]
-        )
-    except (TypeError, ValueError, AttributeError, struct.error):  # values of the wrong type
-        return False
-    return computed == crc
-
-
 def _held(conn: sqlite3.Connection) -> dict[str, int]:
     (tables,) = conn.execute(SQL_HAS_TABLES).fetchone()
     if not tables:
@@ -288,7 +156,7 @@ def _scan(
     verifies into that (new, empty) database."""
     db = directory / DB_FILENAME
     wal = directory / (DB_FILENAME + WAL_SUFFIX)
-    report = StoreReport(directory)
+    report = StoreReport(str(directory), f"sqlite:{directory}")
     report.files = [_describe_file(db), _describe_file(wal)]
     try:
         manifest = read_manifest(directory)
@@ -299,7 +167,7 @@ def _scan(
         report.files.append(f"{MANIFEST_FILENAME}: missing (nothing to compare with)")
     else:
         report.claims = dict(manifest.streams)
-        report.files.append(f"{MANIFEST_FILENAME}: {_streams(len(manifest.streams))}")
+        report.files.append(f"{MANIFEST_FILENAME}: {plural(len(manifest.streams), 'stream')}")
     size = db.stat().st_size if db.exists() else -1
     if size <= 0:
         if report.claims or size == 0:
@@ -371,7 +239,7 @@ def _scan_database(
                 stream.unreadable.append(row)
                 continue
             stream.messages += 1
-            if not _verifies(name, row):
+            if not verifies(name, row):
                 stream.damaged.append(row[0] if isinstance(row[0], int) else -1)
             elif copy is not None:
                 copy.execute(SQL_INSERT_MESSAGE, (name, row[0], _text(row[1]), *row[2:]))
@@ -462,11 +330,12 @@ def repair_store(directory: str | Path) -> RepairReport:
         fsync_file(new)
         report = RepairReport(salvaged, repaired=True)
         report.moved = _move_aside(directory)
+        report.done = [f"a new {DB_FILENAME} and {MANIFEST_FILENAME} are in place"]
         os.replace(new, db)
         write_manifest(directory, seqs)  # also makes the renames durable
     except (OSError, sqlite3.Error) as exc:
         raise StorageError(f"repairing the store in {directory} failed: {exc}") from exc
-    _account(report, seqs)
+    account(report, set(seqs))
     return report
 
 
@@ -507,37 +376,3 @@ def _move_aside(directory: Path) -> list[Path]:
             (directory / name).rename(directory / target)
             moved.append(directory / target)
     return moved
-
-
-def _account(report: RepairReport, seqs: dict[str, int]) -> None:
-    found = report.found
-    for stream in found.streams:
-        if stream.name not in seqs:
-            report.lost.append(
-                f"stream {stream.name!r}: {_plural(stream.messages, 'message')} without a"
-                " definition"
-            )
-            continue
-        report.kept[stream.name] = stream.verified
-        if stream.damaged:
-            shown = ", ".join(map(str, stream.damaged[:_SHOWN]))
-            more = (
-                f" and {len(stream.damaged) - _SHOWN} more" if len(stream.damaged) > _SHOWN else ""
-            )
-            report.lost.append(
-                f"stream {stream.name!r}: {_plural(len(stream.damaged), 'damaged message')}"
-                f" (sequence {shown}{more})"
-            )
-        report.lost += [f"stream {stream.name!r}: unreadable {why}" for why in stream.unreadable]
-        if stream.short_by:
-            report.lost.append(
-                f"stream {stream.name!r}: sequences {stream.last_seq + 1} to {stream.claimed}"
-                " (committed, then lost with the write-ahead log or the database's end)"
-            )
-    present = {s.name for s in found.streams}
-    for name, seq in sorted(found.claims.items()):
-        if name not in present:
-            report.lost.append(
-                f"stream {name!r}: the whole stream (definition, consumers and messages"
-                f" up to sequence {seq})"
-            )

@@ -569,6 +569,12 @@ class _Transaction:
 
 # -- reads ------------------------------------------------------------------------------
 
+# The end of a damaged message's error line: where it is and what to do about it.
+DAMAGED_HINT = (
+    " in the PostgreSQL store; `tether store check` with its URL lists the damage,"
+    " `tether store repair` deletes it"
+)
+
 # (seq, subject, headers, data, ts, priority, crc, plain_size): a row whose plain_size
 # is not NULL holds its payload compressed.
 Row = tuple[int, str, bytes, bytes, int, int, int, int | None]
@@ -585,13 +591,13 @@ def _verified(stream: str, rows: Sequence[Row]) -> list[StoredMessage]:
             try:
                 data = decompress(data, plain_size)
             except ValueError:
-                raise CorruptMessage(stream, seq, " in the PostgreSQL store") from None
+                raise CorruptMessage(stream, seq, DAMAGED_HINT) from None
         s = subject.encode()
         c = crc32(s, crc32(head(seq, ts, priority, len(s), len(headers)), seed))
         if headers:
             c = crc32(headers, c)
         if crc32(data, c) != crc:
-            raise CorruptMessage(stream, seq, " in the PostgreSQL store")
+            raise CorruptMessage(stream, seq, DAMAGED_HINT)
         add(StoredMessage(seq, subject, headers, data, ts, priority))
     return out
 
