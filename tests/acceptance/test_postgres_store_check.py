@@ -16,7 +16,13 @@ import sys
 
 import pytest
 
-from tether.storage import ConsumerRecord, StoredMessage, StreamRecord, postgres_integrity
+from tether.storage import (
+    ConsumerRecord,
+    CorruptMessage,
+    StoredMessage,
+    StreamRecord,
+    postgres_integrity,
+)
 from tether.storage.postgres import PostgresStore
 from tether.storage.postgres_integrity import check_postgres
 from tether.testing import PostgresServer, RunningServer
@@ -123,6 +129,15 @@ async def test_check_reports_damage_and_repair_deletes_it(database: str) -> None
     ]
     # Checking changed nothing.
     assert sql(database, "SELECT count(*) FROM tether_messages") == [(9,)]
+    # A read meets the damage as an error that points to these commands.
+    damaged = PostgresStore(database)
+    await damaged.open()
+    try:
+        for stream, seq in (("PLAIN", 2), ("PACKED", 3)):
+            with pytest.raises(CorruptMessage, match=r"PostgreSQL store; `tether store check`"):
+                await damaged.read(stream, seq)
+    finally:
+        await damaged.close()
 
     repaired = run("repair", "--store", database)
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
