@@ -24,10 +24,11 @@ from tether.engine.streams import StreamListener, counters
 from tether.engine.streams import schedules as sched
 from tether.engine.streams.batches import (
     BATCH_ID,
+    MAX_HEADERS_LEN,
     AtomicBatches,
     Batch,
     BatchLimits,
-    batch_only_fields,
+    batch_fields,
 )
 from tether.engine.streams.config import (
     StreamConfig,
@@ -1172,8 +1173,9 @@ class Broker:
         on_durable: Callable[[PubAck | errors.ApiError], None] | None,
     ) -> bool:
         """:meth:`publish` for the common atomic batch message, whose header block holds
-        only its batch headers, without the general publish path's preamble: staged,
-        or (its commit) the whole batch stored, with the same outcome and answers.
+        only its batch headers and maybe a ``Nats-Msg-Id``, without the general publish
+        path's preamble: staged, or (its commit) the whole batch stored, with the same
+        outcome and answers.
 
         Returns False, having done nothing, for any other message or a stream where
         the general path has more to do first (sealed, counters, a subject
@@ -1181,7 +1183,7 @@ class Broker:
         cfg = stream.config
         if cfg.sealed or cfg.allow_msg_counter or cfg.subject_transform or self._producing:
             return False
-        fields = batch_only_fields(block)
+        fields = batch_fields(block)
         if fields is None:
             return False
         self._publish_batched(stream, subject, block, payload, fields, on_durable, None)
@@ -1260,7 +1262,7 @@ class Broker:
         cfg = stream.config
         if cfg.sealed:
             raise errors.stream_sealed()
-        if batch.plain and not cfg.allow_msg_counter and cfg.discard != "new" and not stream.evicts:
+        if batch.plain and not cfg.allow_msg_counter and cfg.max_msgs_per_subject <= 0:
             self._append_plain_batch(stream, batch, target, replies)
             return
         now = self.clock.now()
@@ -1397,27 +1399,62 @@ class Broker:
         target: Any,
         replies: list[str] | None,
     ) -> None:
-        """:meth:`_commit_batch` for the common batch: no header any check looks at, on
-        a stream with no limit that evicts or refuses. The batch is one run: indexed in
-        one go (as a run of header-less publishes is), handed to the store in one call
-        and one entry in its group commit, hence one transaction."""
+        """:meth:`_commit_batch` for the common batch: no header any check looks at one
+        message at a time but ``Nats-Msg-Id``, on a stream whose limits act on the whole
+        stream only (no ``max_msgs_per_subject``). The checks are those of
+        :meth:`_commit_batch`, in its order: each message's msg id (against those
+        before it and the window) then its size, then the ``discard: new`` limits. The
+        batch is then one run: indexed in one go (as a run of header-less publishes is),
+        its ids remembered, the limits applied once (evicting what appending the
+        messages one by one would have), handed to the store in one call and one entry
+        in its group commit, hence one transaction."""
         now = self.clock.now()
+        cfg = stream.config
         name = stream.name
         subjects, headers, payloads = batch.subjects, batch.headers, batch.payloads
+        n = len(subjects)
+        ids: list[str] | None = None
+        if batch.ids:
+            ids = [
+                "" if f is None else f.get(MSG_ID, b"").decode("utf-8", "replace")
+                for f in batch.fields
+            ]
+        # The first message refused for its id; the sizes of those before it are
+        # checked first, as each message's size comes after its id. Staging checked
+        # them, but an update may have lowered max_msg_size since, and a batch ended
+        # by ``eob`` has a longer last header block now.
+        dup = -1 if ids is None else stream.first_duplicate(ids, now)
+        if cfg.max_msg_size >= 0 or len(headers[-1]) > MAX_HEADERS_LEN:
+            check_size = stream.check_size
+            for i in range(n if dup < 0 else dup):
+                check_size(len(headers[i]), len(payloads[i]))
+        if dup >= 0:
+            raise batches_duplicate_id()
         # Every message of a batch has a header block (its batch headers at least).
         extra = stream.sizing.headers
         subject = subjects[0]
-        if subjects.count(subject) == len(subjects):
-            # The common batch, all to one subject: sized and indexed as one run.
+        one_subject = subjects.count(subject) == n
+        if one_subject:
+            # The common batch, all to one subject: sized as one run.
             base = subject_size(subject) + extra
             sizes = [base + len(h) + len(p) for h, p in zip(headers, payloads, strict=True)]
-            first = stream.append_run(subject, sizes, now, extra)
         else:
             sizes = [
                 subject_size(s) + len(h) + len(p) + extra
                 for s, h, p in zip(subjects, headers, payloads, strict=True)
             ]
-            first = stream.append_mixed(subjects, sizes, now, [extra] * len(sizes))
+        if cfg.discard == "new":
+            st = stream.state
+            if cfg.max_msgs > 0 and st.msgs + n > cfg.max_msgs:
+                raise errors.store_failed("maximum messages exceeded")
+            if cfg.max_bytes > 0 and st.bytes + sum(sizes) > cfg.max_bytes:
+                raise errors.store_failed("maximum bytes exceeded")
+        if one_subject:
+            first = stream.append_run(subject, sizes, now, extra)
+        else:
+            first = stream.append_mixed(subjects, sizes, now, [extra] * n)
+        if ids is not None:
+            stream.remember_run_ids(first, ids, now)
         fut = self.store.append_run(
             name,
             [
@@ -1427,16 +1464,24 @@ class Broker:
                 )
             ],
         )
-        last = first + len(sizes) - 1
+        last = first + n - 1
+        if stream.evicts:
+            evicted = stream.enforce_run_limits()
+            if evicted:
+                self._delete_seqs(stream, evicted)
         tick = self._tick_for(fut)
-        tick.appended.append((stream, first, last, ""))
+        if ids is None:
+            tick.appended.append((stream, first, last, ""))
+        else:
+            # One entry per message with its id, so that a failed commit forgets them.
+            tick.appended += [(stream, seq, seq, msg_id) for seq, msg_id in enumerate(ids, first)]
         tick.first_seq.setdefault(name, first)
         tick.atomic.append((name, first, last))
         if target is not None:
             if replies is None:
-                target = _with_extras(target, batch=batch.id, count=len(sizes))
+                target = _with_extras(target, batch=batch.id, count=n)
             tick.waiters.append((target, name, last, replies, False))
-        if stream.config.max_age and not self._expiry_timer:
+        if cfg.max_age and not self._expiry_timer:
             self._schedule_expiry()
 
     def _whole_batches(self, name: str, bad: dict[int, str]) -> dict[int, str]:

@@ -10,8 +10,8 @@ transaction: after a crash either the whole batch is there or none of it.
 
 A batch keeps its messages as parallel lists (subjects, header blocks, payloads,
 header fields), so that staging a message is a few list appends and the commit of a
-batch whose messages hold nothing but their batch headers stores the lists as they
-are, as one run (see :meth:`AtomicBatches.stage_run`).
+batch whose messages hold nothing but their batch headers and maybe a ``Nats-Msg-Id``
+stores the lists as they are, as one run (see :meth:`AtomicBatches.stage_run`).
 
 The checks made while staging, their order, limits and errors are nats-server's
 (``processJetStreamAtomicBatchMsg``): see :meth:`AtomicBatches.stage`.
@@ -44,6 +44,8 @@ BATCH_COMMIT = b"Nats-Batch-Commit"
 REQUIRED_API_LEVEL = b"Nats-Required-Api-Level"
 
 MAX_BATCH_ID_LEN = 64
+# A header block longer than this is refused (nats-server's limit, Stream.check_size's).
+MAX_HEADERS_LEN = 65535
 # nats-server's defaults (its ``jetstream`` block can change them; so can Tether's).
 MAX_BATCH_SIZE = 1000
 MAX_INFLIGHT_PER_STREAM = 50
@@ -101,7 +103,8 @@ def wrong_last_sequence_in_batch() -> ApiError:
 class Batch:
     """An open batch of one stream: message ``i`` is ``subjects[i]``, ``headers[i]``,
     ``payloads[i]``, with ``fields[i]`` its header fields, or None when they hold
-    nothing but its batch headers (no check at the commit looks at those)."""
+    nothing but its batch headers (no check at the commit looks at those; a message
+    staged by :meth:`AtomicBatches.stage_run` with a ``Nats-Msg-Id`` has only that)."""
 
     stream: str
     id: str
@@ -109,8 +112,11 @@ class Batch:
     headers: list[bytes] = field(default_factory=list)
     payloads: list[bytes] = field(default_factory=list)
     fields: list[dict[bytes, bytes] | None] = field(default_factory=list)
-    # False once a message holds a header the commit checks (expectations, ids, TTLs…).
+    # False once a message holds a header the commit checks one by one (expectations,
+    # TTLs…; not Nats-Msg-Id, which the commit of a run checks for all at once).
     plain: bool = True
+    # True once a message holds a Nats-Msg-Id.
+    ids: bool = False
     last_ns: int = 0
     timer: Timer | None = None
     # Nats-Batch-Id as sent, for stage_run to recognise the batch's messages by.
@@ -126,12 +132,16 @@ class Batch:
         self.headers.append(headers)
         self.payloads.append(payload)
         self.fields.append(fields)
-        if fields is not None and self.plain and not CHECKED.isdisjoint(fields):
-            self.plain = False
+        if fields is not None:
+            if self.plain and not CHECKED.isdisjoint(fields):
+                self.plain = False
+            if fields.get(MSG_ID):
+                self.ids = True
 
 
-# The headers the checks of a batch's commit look at (the broker's, in nats-server's
-# order): a batch whose messages carry none of them is stored without any check.
+# The headers the checks of a batch's commit look at one message at a time (the
+# broker's, in nats-server's order): a batch whose messages carry none of them is
+# stored as one run, its msg ids (``Nats-Msg-Id``, not in this list) checked together.
 CHECKED = frozenset(
     (
         EXPECTED_LAST_MSG_ID,
@@ -140,7 +150,6 @@ CHECKED = frozenset(
         EXPECTED_LAST_SUBJ_SEQ,
         EXPECTED_LAST_SUBJ_SEQ_SUBJECT,
         MSG_TTL,
-        MSG_ID,
         ROLLUP,
         PRIORITY,
         counters.INCR,
@@ -168,22 +177,36 @@ _BATCH_ONLY = re.compile(
 )
 
 
+# A header block of batch headers and ``Nats-Msg-Id`` in any order (publishers that
+# deduplicate their batches send one per message; Go clients write a map's headers in
+# no set order), the same values as above: its lines.
+_BATCH_AND_ID = re.compile(
+    rb"NATS/1\.0\r\n((?:Nats-(?:Batch-Id|Batch-Sequence|Batch-Commit|Msg-Id): [!-~]+\r\n)+)\r\n"
+)
+
 # The start of a batch-only block, up to its sequence, for a batch id.
 _BATCH_PREFIX = b"NATS/1.0\r\nNats-Batch-Id: %s\r\nNats-Batch-Sequence: "
 
 
-def batch_only_fields(block: bytes) -> dict[bytes, bytes] | None:
-    """The fields of a header block holding only ``Nats-Batch-Id``,
-    ``Nats-Batch-Sequence`` and maybe ``Nats-Batch-Commit`` (in that order, one
-    space after each colon), as the general header parser would give them; None
-    for any other block, which the general parser then reads."""
+def batch_fields(block: bytes) -> dict[bytes, bytes] | None:
+    """The fields of a header block holding ``Nats-Batch-Id`` and nothing but
+    ``Nats-Batch-Sequence``, ``Nats-Batch-Commit`` and ``Nats-Msg-Id`` (one space after
+    each colon, values of printable ASCII without blanks), as the general header parser
+    would give them; None for any other block, which the general parser then reads."""
     m = _BATCH_ONLY.fullmatch(block)
+    if m is not None:
+        batch_id, seq, commit = m.groups()
+        if commit is None:
+            return {BATCH_ID: batch_id, BATCH_SEQ: seq}
+        return {BATCH_ID: batch_id, BATCH_SEQ: seq, BATCH_COMMIT: commit}
+    m = _BATCH_AND_ID.fullmatch(block)
     if m is None:
         return None
-    batch_id, seq, commit = m.groups()
-    if commit is None:
-        return {BATCH_ID: batch_id, BATCH_SEQ: seq}
-    return {BATCH_ID: batch_id, BATCH_SEQ: seq, BATCH_COMMIT: commit}
+    out: dict[bytes, bytes] = {}
+    for line in m.group(1).split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b": ")
+        out.setdefault(name, value)  # the first of a repeated header, as the parser
+    return out if BATCH_ID in out else None
 
 
 def with_commit_header(headers: bytes) -> bytes:
@@ -310,15 +333,17 @@ class AtomicBatches:
     ) -> int:
         """:meth:`stage` for the messages from ``start`` on (all to ``subject``) that
         need nothing but to be added to their batch: a header block of only
-        ``Nats-Batch-Id`` and ``Nats-Batch-Sequence`` (as publishers write them), the
-        next sequence of a batch of ``stream`` already open, no commit, no reply, within
-        the stream's ``max_msg_size`` (-1: none) and the batch's size limit. Every
-        check of :meth:`stage` holds for such a message, so it is taken without them:
-        its block is compared with the one the batch's next message has as publishers
-        write it (a match only at the first message of a batch in the run), then it is
-        appended to the batch's lists. Returns the index of the first
-        message not taken, which the caller stages on its own (with every check and
-        its error), then calls again for the rest."""
+        ``Nats-Batch-Id`` and ``Nats-Batch-Sequence`` (as publishers write them), or of
+        those and a ``Nats-Msg-Id`` in any order (see :func:`batch_fields`), the next
+        sequence (in plain digits) of a batch of ``stream`` already open, no commit, no
+        reply, within the stream's ``max_msg_size`` (-1: none), the header size limit
+        and the batch's size limit. Every check of :meth:`stage` holds for such a
+        message, so it is taken without them: its block is compared with the one the
+        batch's next message has as publishers write it (else read by the quick
+        parser), then it is appended to the batch's lists (with its msg id as its
+        fields, which the commit checks). Returns the index of the first message not
+        taken, which the caller stages on its own (with every check and its error),
+        then calls again for the rest."""
         n = len(blocks)
         i = start
         if i >= n:
@@ -329,6 +354,8 @@ class AtomicBatches:
         now = self.clock.now()
         # The current batch: the block of its next message is ``prefix``, the sequence
         # ``expected`` in ASCII digits and an empty line (what the match would read).
+        batch: Batch | None = None
+        raw_batch = b""
         prefix = b""
         expected = 0
         # Its lists, bound once per batch rather than looked up per message.
@@ -340,38 +367,54 @@ class AtomicBatches:
             if replies[i]:
                 break
             block = blocks[i]
+            found: dict[bytes, bytes] | None = None
             if not prefix or block != b"%s%d\r\n\r\n" % (prefix, expected):
-                # The first message of this run, another batch's or a block that is
-                # not the next one as publishers write it.
+                # The first message of this run, another batch's, one with a msg id or
+                # a block that is not the next one as publishers write it.
                 m = match(block)
-                if m is None:
-                    break
-                raw_id, _, commit = m.groups()
+                if m is not None:
+                    raw_id, raw_seq, commit = m.groups()
+                else:
+                    found = batch_fields(block)
+                    if found is None:
+                        break
+                    raw_id = found[BATCH_ID]
+                    raw_seq = found.get(BATCH_SEQ, b"")
+                    commit = found.get(BATCH_COMMIT)
                 if commit is not None or len(raw_id) > MAX_BATCH_ID_LEN:
                     break
-                batch = open_batches.get((stream, raw_id.decode("utf-8", "surrogateescape")))
-                if batch is None:
-                    break
-                prefix = _BATCH_PREFIX % raw_id
-                expected = len(batch) + 1
-                if block != b"%s%d\r\n\r\n" % (prefix, expected):
+                if batch is None or raw_id != raw_batch:
+                    batch = open_batches.get((stream, raw_id.decode("utf-8", "surrogateescape")))
+                    if batch is None:
+                        break
+                    raw_batch = raw_id
+                    prefix = _BATCH_PREFIX % raw_id
+                    expected = len(batch) + 1
+                    batch.last_ns = now
+                    subjects, headers, bodies, fields = (
+                        batch.subjects,
+                        batch.headers,
+                        batch.payloads,
+                        batch.fields,
+                    )
+                if raw_seq != b"%d" % expected or len(block) > MAX_HEADERS_LEN:
                     break  # a gap, a repeat, a sequence spelt otherwise: with its checks
-                batch.last_ns = now
-                subjects, headers, bodies, fields = (
-                    batch.subjects,
-                    batch.headers,
-                    batch.payloads,
-                    batch.fields,
-                )
+                if found is not None:
+                    msg_id = found.get(MSG_ID)
+                    # What the commit checks: the msg id (none for batch headers
+                    # written in another order).
+                    found = None if msg_id is None else {MSG_ID: msg_id}
             payload = payloads[i]
             if expected > max_size or (
                 max_msg_size >= 0 and len(block) + len(payload) > max_msg_size
             ):
                 break
+            if found is not None and batch is not None:  # (found: batch is bound)
+                batch.ids = True
             subjects.append(subject)
             headers.append(block)
             bodies.append(payload)
-            fields.append(None)
+            fields.append(found)
             expected += 1
             i += 1
         return i

@@ -280,6 +280,20 @@ class Stream:
         hit = self._dedup.get(msg_id)
         return hit[0] if hit else 0
 
+    def first_duplicate(self, ids: list[str], now: int) -> int:
+        """The dedup check of an atomic batch's messages (``ids[i]`` the msg id of its
+        message ``i``, "" for none): the index of the first whose id an earlier one of
+        them or a message inside the window already has, -1 if none."""
+        self.expire_dedup(now)
+        dedup = self._dedup
+        seen: set[str] = set()
+        for i, msg_id in enumerate(ids):
+            if msg_id:
+                if msg_id in seen or msg_id in dedup:
+                    return i
+                seen.add(msg_id)
+        return -1
+
     def expire_dedup(self, now: int) -> None:
         cutoff = now - self.config.duplicate_window
         order = self._dedup_order
@@ -392,10 +406,10 @@ class Stream:
         self, subject: str, sizes: list[int], ts: int, overhead: int | None = None
     ) -> int:
         """:meth:`append` without a msg id for messages of ``sizes`` bytes to ``subject``,
-        in one go; returns the first sequence. Only for a stream that does not
-        :attr:`evicts` (nothing to enforce between two appends). ``overhead``: the
-        bytes of each size beyond subject, headers and payload (by default that of a
-        message without headers)."""
+        in one go; returns the first sequence. Nothing is evicted: only for a stream
+        that does not :attr:`evicts`, or followed by :meth:`enforce_run_limits`.
+        ``overhead``: the bytes of each size beyond subject, headers and payload (by
+        default that of a message without headers)."""
         st = self.state
         first = st.last_seq + 1
         end = first + len(sizes)
@@ -434,6 +448,36 @@ class Stream:
             seq += 1
         self._appended(first, seq, sizes, ts)
         return first
+
+    def remember_run_ids(self, first: int, ids: list[str], ts: int) -> None:
+        """The msg ids of a run just appended from ``first`` on (``ids[k]`` for
+        ``first + k``, "" for none), as :meth:`append` takes each one's."""
+        dedup = self._dedup
+        order = self._dedup_order
+        for seq, msg_id in enumerate(ids, first):
+            if msg_id:
+                dedup[msg_id] = (seq, ts)
+                order.append((ts, msg_id))
+        self.last_msg_id = ids[-1]
+
+    def enforce_run_limits(self) -> list[int]:
+        """After a run appended in one go (:meth:`append_run`, :meth:`append_mixed`):
+        what appending its messages one at a time would have evicted, ascending. Only
+        for a stream without ``max_msgs_per_subject``: ``max_msgs`` and ``max_bytes``
+        each keep the newest messages that fit, so applying them once after the run
+        keeps what applying them after each message would have kept."""
+        cfg = self.config
+        st = self.state
+        evicted: list[int] = []
+        if cfg.max_msgs > 0:
+            while st.msgs > cfg.max_msgs:
+                evicted.append(st.first_seq)
+                self.remove(st.first_seq)
+        if cfg.max_bytes > 0:
+            while st.bytes > cfg.max_bytes and st.msgs:
+                evicted.append(st.first_seq)
+                self.remove(st.first_seq)
+        return evicted
 
     def _appended(self, first: int, end: int, sizes: list[int], ts: int) -> None:
         """The stream's order and state after appending ``first..end-1``."""
