@@ -125,6 +125,97 @@ async def test_atomic_batches(peers: Peers) -> None:
     await compare(peers, steps)
 
 
+async def test_atomic_batches_with_msg_ids(peers: Peers) -> None:
+    """Batches deduplicated by Nats-Msg-Id: a repeat inside the batch, or of a message
+    stored before (on its own or by a batch), refuses the batch whole; the ids of a
+    batch stored count for the publishes after it."""
+    create = {"name": "AD", "subjects": ["ad.>"], "allow_atomic": True}
+
+    def ided(batch_id: str, seq: int, msg_id: str, commit: str = "") -> dict[str, str]:
+        return batch(batch_id, seq, commit, **{"Nats-Msg-Id": msg_id})
+
+    steps: list[Step] = [
+        ("$JS.API.STREAM.CREATE.AD", create, None),
+        ("ad.x", b"s", {"Nats-Msg-Id": "s1"}),
+        ("ad.x", b"1", ided("d1", 1, "d1a")),
+        ("ad.y", b"2", batch("d1", 2)),
+        ("ad.x", b"3", ided("d1", 3, "d1c", "1")),
+        ("ad.x", b"d", ided("d2", 1, "n1")),
+        ("ad.x", b"d", ided("d2", 2, "s1", "1")),  # a single publish's id
+        ("ad.x", b"d", ided("d3", 1, "d1c")),  # an earlier batch's id
+        ("ad.x", b"d", ided("d3", 2, "n2", "1")),
+        ("ad.x", b"d", ided("d4", 1, "x")),
+        ("ad.x", b"d", batch("d4", 2)),
+        ("ad.x", b"d", ided("d4", 3, "x")),  # twice in the batch
+        ("ad.x", b"d", ided("d4", 4, "y", "1")),
+        # The msg id first (a map's order): the same batch.
+        ("ad.x", b"5", {"Nats-Msg-Id": "d5a", **batch("d5", 1)}),
+        ("ad.x", b"6", {"Nats-Msg-Id": "d5b", **batch("d5", 2)}),
+        ("ad.x", b"d", batch("d5", 3, "eob")),
+        ("ad.x", b"d", {"Nats-Msg-Id": "d1a"}),  # a duplicate of a batch's message
+        ("ad.x", b"d", {"Nats-Msg-Id": "n1"}),  # the refused batch's ids are free
+        ("ad.x", b"d", {"Nats-Msg-Id": "s2", "Nats-Expected-Last-Msg-Id": "n1"}),
+        ("ad.x", b"7", ided("d6", 1, "d6a")),
+        ("ad.x", b"8", ided("d6", 2, "d6b", "1")),
+        ("ad.x", b"d", {"Nats-Expected-Last-Msg-Id": "d6b"}),
+        ("$JS.API.STREAM.INFO.AD", b"", None),
+    ]
+    await compare(peers, steps)
+    assert await stored(peers.tether, "AD") == await stored(peers.nats, "AD")
+
+
+async def test_atomic_batches_on_streams_whose_limits_evict_or_refuse(peers: Peers) -> None:
+    """max_msgs and max_bytes evict during a batch as for publishes one by one (a batch
+    larger than the limit keeps its own last messages); discard new refuses a batch
+    that would not fit, whole."""
+    base = {"allow_atomic": True, "storage": "memory"}
+    steps: list[Step] = [
+        (
+            "$JS.API.STREAM.CREATE.EM",
+            {"name": "EM", "subjects": ["em.>"], "max_msgs": 3, **base},
+            None,
+        ),
+        ("em.x", b"1", None),
+        ("em.x", b"2", None),
+        ("em.x", b"3", None),
+        ("em.x", b"4", batch("m1", 1)),
+        ("em.y", b"5", batch("m1", 2, "1")),
+        ("$JS.API.STREAM.INFO.EM", b"", None),
+        *[("em.x", str(i).encode(), batch("m2", i)) for i in range(1, 6)],
+        ("em.x", b"d", batch("m2", 6, "eob")),
+        ("$JS.API.STREAM.INFO.EM", b"", None),
+        ("$JS.API.STREAM.MSG.GET.EM", {"seq": 7}, None),
+        ("$JS.API.STREAM.MSG.GET.EM", {"seq": 8}, None),
+        (
+            "$JS.API.STREAM.CREATE.EB",
+            {"name": "EB", "subjects": ["eb.>"], "max_bytes": 400, **base},
+            None,
+        ),
+        ("eb.x", b"x" * 100, None),
+        *[("eb.x", b"y" * 60, batch("b1", i)) for i in range(1, 4)],
+        ("eb.x", b"y" * 60, batch("b1", 4, "1")),
+        ("$JS.API.STREAM.INFO.EB", b"", None),
+        ("eb.x", b"z" * 300, batch("b2", 1)),
+        ("eb.x", b"z" * 300, batch("b2", 2, "1")),  # the first one does not fit after it
+        ("$JS.API.STREAM.INFO.EB", b"", None),
+        (
+            "$JS.API.STREAM.CREATE.EN",
+            {"name": "EN", "subjects": ["en.>"], "max_msgs": 4, "discard": "new", **base},
+            None,
+        ),
+        ("en.x", b"1", batch("n1", 1)),
+        ("en.x", b"2", batch("n1", 2)),
+        ("en.x", b"3", batch("n1", 3, "1")),
+        ("en.x", b"4", batch("n2", 1)),
+        ("en.x", b"5", batch("n2", 2, "1")),  # one too many: none of them
+        ("en.x", b"4", batch("n3", 1, "1")),
+        ("$JS.API.STREAM.INFO.EN", b"", None),
+    ]
+    await compare(peers, steps)
+    for name in ("EM", "EB", "EN"):
+        assert await stored(peers.tether, name) == await stored(peers.nats, name)
+
+
 async def test_schedules_and_api_levels_in_atomic_batches(peers: Peers) -> None:
     config = {"name": "AS", "subjects": ["as.>"], "allow_atomic": True, "allow_msg_schedules": True}
     at = _at(4)  # after both servers' steps: its firing does not shift their sequences
