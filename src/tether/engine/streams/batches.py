@@ -168,12 +168,13 @@ class BatchLimits:
     timeout_ns: int = BATCH_TIMEOUT_NS
 
 
-# The header block of a batch message carrying nothing but its batch headers, as
-# publishers write it: read with one match instead of line by line. The values are
-# printable ASCII without blanks, so they read as the general parser reads them.
+# The header block of a batch message carrying nothing but its batch headers and maybe
+# a msg id, as publishers write it: read with one match instead of line by line. The
+# values are printable ASCII without blanks, so they read as the general parser reads
+# them.
 _BATCH_ONLY = re.compile(
     rb"NATS/1\.0\r\nNats-Batch-Id: ([!-~]+)\r\nNats-Batch-Sequence: ([!-~]+)\r\n"
-    rb"(?:Nats-Batch-Commit: ([!-~]+)\r\n)?\r\n"
+    rb"(?:Nats-Msg-Id: ([!-~]+)\r\n)?(?:Nats-Batch-Commit: ([!-~]+)\r\n)?\r\n"
 )
 
 
@@ -195,14 +196,17 @@ def batch_fields(block: bytes) -> dict[bytes, bytes] | None:
     would give them; None for any other block, which the general parser then reads."""
     m = _BATCH_ONLY.fullmatch(block)
     if m is not None:
-        batch_id, seq, commit = m.groups()
-        if commit is None:
-            return {BATCH_ID: batch_id, BATCH_SEQ: seq}
-        return {BATCH_ID: batch_id, BATCH_SEQ: seq, BATCH_COMMIT: commit}
+        batch_id, seq, msg_id, commit = m.groups()
+        out = {BATCH_ID: batch_id, BATCH_SEQ: seq}
+        if msg_id is not None:
+            out[MSG_ID] = msg_id
+        if commit is not None:
+            out[BATCH_COMMIT] = commit
+        return out
     m = _BATCH_AND_ID.fullmatch(block)
     if m is None:
         return None
-    out: dict[bytes, bytes] = {}
+    out = {}
     for line in m.group(1).split(b"\r\n")[:-1]:
         name, _, value = line.partition(b": ")
         out.setdefault(name, value)  # the first of a repeated header, as the parser
@@ -355,6 +359,7 @@ class AtomicBatches:
         # The current batch: the block of its next message is ``prefix``, the sequence
         # ``expected`` in ASCII digits and an empty line (what the match would read).
         batch: Batch | None = None
+        with_ids = False
         raw_batch = b""
         prefix = b""
         expected = 0
@@ -368,18 +373,19 @@ class AtomicBatches:
                 break
             block = blocks[i]
             found: dict[bytes, bytes] | None = None
-            if not prefix or block != b"%s%d\r\n\r\n" % (prefix, expected):
+            if with_ids or not prefix or block != b"%s%d\r\n\r\n" % (prefix, expected):
                 # The first message of this run, another batch's, one with a msg id or
                 # a block that is not the next one as publishers write it.
                 m = match(block)
                 if m is not None:
-                    raw_id, raw_seq, commit = m.groups()
+                    raw_id, raw_seq, msg_id, commit = m.groups()
                 else:
                     found = batch_fields(block)
                     if found is None:
                         break
                     raw_id = found[BATCH_ID]
                     raw_seq = found.get(BATCH_SEQ, b"")
+                    msg_id = found.get(MSG_ID)
                     commit = found.get(BATCH_COMMIT)
                 if commit is not None or len(raw_id) > MAX_BATCH_ID_LEN:
                     break
@@ -399,11 +405,10 @@ class AtomicBatches:
                     )
                 if raw_seq != b"%d" % expected or len(block) > MAX_HEADERS_LEN:
                     break  # a gap, a repeat, a sequence spelt otherwise: with its checks
-                if found is not None:
-                    msg_id = found.get(MSG_ID)
-                    # What the commit checks: the msg id (none for batch headers
-                    # written in another order).
-                    found = None if msg_id is None else {MSG_ID: msg_id}
+                # What the commit checks: the msg id. (A batch whose messages have
+                # one goes straight to the match, not the comparison above.)
+                found = None if msg_id is None else {MSG_ID: msg_id}
+                with_ids = found is not None
             payload = payloads[i]
             if expected > max_size or (
                 max_msg_size >= 0 and len(block) + len(payload) > max_msg_size

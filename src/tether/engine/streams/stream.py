@@ -13,6 +13,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
+from itertools import repeat
 from typing import Any
 
 from tether.engine import errors
@@ -286,6 +287,9 @@ class Stream:
         them or a message inside the window already has, -1 if none."""
         self.expire_dedup(now)
         dedup = self._dedup
+        named = ids if "" not in ids else [msg_id for msg_id in ids if msg_id]
+        if len(set(named)) == len(named) and dedup.keys().isdisjoint(named):
+            return -1  # (the usual batch: asked in two calls, not a loop)
         seen: set[str] = set()
         for i, msg_id in enumerate(ids):
             if msg_id:
@@ -454,10 +458,16 @@ class Stream:
         ``first + k``, "" for none), as :meth:`append` takes each one's."""
         dedup = self._dedup
         order = self._dedup_order
-        for seq, msg_id in enumerate(ids, first):
-            if msg_id:
-                dedup[msg_id] = (seq, ts)
-                order.append((ts, msg_id))
+        if "" not in ids:
+            # Every message has one (the usual batch): in two calls rather than a loop.
+            seqs = zip(range(first, first + len(ids)), repeat(ts))
+            dedup.update(zip(ids, seqs, strict=True))
+            order.extend(zip(repeat(ts), ids))
+        else:
+            for seq, msg_id in enumerate(ids, first):
+                if msg_id:
+                    dedup[msg_id] = (seq, ts)
+                    order.append((ts, msg_id))
         self.last_msg_id = ids[-1]
 
     def enforce_run_limits(self) -> list[int]:
