@@ -165,9 +165,9 @@ async def test_atomic_batches_with_msg_ids(peers: Peers) -> None:
 
 
 async def test_atomic_batches_on_streams_whose_limits_evict_or_refuse(peers: Peers) -> None:
-    """max_msgs and max_bytes evict during a batch as for publishes one by one (a batch
-    larger than the limit keeps its own last messages); discard new refuses a batch
-    that would not fit, whole."""
+    """max_msgs, max_bytes and max_msgs_per_subject evict during a batch as for
+    publishes one by one (a batch larger than the limit keeps its own last messages);
+    discard new refuses a batch that would not fit, whole."""
     base = {"allow_atomic": True, "storage": "memory"}
     steps: list[Step] = [
         (
@@ -210,9 +210,21 @@ async def test_atomic_batches_on_streams_whose_limits_evict_or_refuse(peers: Pee
         ("en.x", b"5", batch("n2", 2, "1")),  # one too many: none of them
         ("en.x", b"4", batch("n3", 1, "1")),
         ("$JS.API.STREAM.INFO.EN", b"", None),
+        (
+            "$JS.API.STREAM.CREATE.ES",
+            {"name": "ES", "subjects": ["es.>"], "max_msgs_per_subject": 2, "max_msgs": 4, **base},
+            None,
+        ),
+        ("es.a", b"0", None),
+        ("es.a", b"1", batch("s1", 1)),
+        ("es.b", b"2", batch("s1", 2)),
+        ("es.a", b"3", batch("s1", 3)),
+        ("es.b", b"4", batch("s1", 4)),
+        ("es.c", b"5", batch("s1", 5, "1")),
+        ("$JS.API.STREAM.INFO.ES", {"subjects_filter": ">"}, None),
     ]
     await compare(peers, steps)
-    for name in ("EM", "EB", "EN"):
+    for name in ("EM", "EB", "EN", "ES"):
         assert await stored(peers.tether, name) == await stored(peers.nats, name)
 
 

@@ -96,12 +96,21 @@ CONFIGS = st.fixed_dictionaries(
     {},
     optional={
         "max_msgs": st.integers(1, 8),
+        "max_msgs_per_subject": st.integers(1, 4),
+        "discard_new_per_subject": st.booleans(),
         "max_bytes": st.integers(150, 900),
         "discard": st.sampled_from(["old", "new"]),
         "max_msg_size": st.integers(90, 140),
         "duplicate_window": st.sampled_from([5_000_000_000, 60_000_000_000]),
         "storage": st.sampled_from(["file", "memory"]),
     },
+).map(
+    # discard_new_per_subject needs discard new and a subject limit.
+    lambda c: (
+        c
+        if c.get("discard") == "new" and "max_msgs_per_subject" in c
+        else {k: v for k, v in c.items() if k != "discard_new_per_subject"}
+    )
 )
 
 

@@ -1262,7 +1262,7 @@ class Broker:
         cfg = stream.config
         if cfg.sealed:
             raise errors.stream_sealed()
-        if batch.plain and not cfg.allow_msg_counter and cfg.max_msgs_per_subject <= 0:
+        if batch.plain and not cfg.allow_msg_counter:
             self._append_plain_batch(stream, batch, target, replies)
             return
         now = self.clock.now()
@@ -1400,14 +1400,14 @@ class Broker:
         replies: list[str] | None,
     ) -> None:
         """:meth:`_commit_batch` for the common batch: no header any check looks at one
-        message at a time but ``Nats-Msg-Id``, on a stream whose limits act on the whole
-        stream only (no ``max_msgs_per_subject``). The checks are those of
+        message at a time but ``Nats-Msg-Id``. The checks are those of
         :meth:`_commit_batch`, in its order: each message's msg id (against those
         before it and the window) then its size, then the ``discard: new`` limits. The
         batch is then one run: indexed in one go (as a run of header-less publishes is),
-        its ids remembered, the limits applied once (evicting what appending the
-        messages one by one would have), handed to the store in one call and one entry
-        in its group commit, hence one transaction."""
+        its ids remembered, the stream-wide limits applied once (evicting what
+        appending the messages one by one would have; with ``max_msgs_per_subject`` it
+        is indexed message by message instead), handed to the store in one call and
+        one entry in its group commit, hence one transaction."""
         now = self.clock.now()
         cfg = stream.config
         name = stream.name
@@ -1449,12 +1449,26 @@ class Broker:
                 raise errors.store_failed("maximum messages exceeded")
             if cfg.max_bytes > 0 and st.bytes + sum(sizes) > cfg.max_bytes:
                 raise errors.store_failed("maximum bytes exceeded")
-        if one_subject:
-            first = stream.append_run(subject, sizes, now, extra)
+        evicted: list[int] = []
+        if cfg.max_msgs_per_subject > 0:
+            # A subject's limit evicts that subject's oldest, which the stream-wide
+            # limits may have evicted already: indexed one message at a time, as
+            # publishes one by one are (still stored as one run).
+            first = stream.last_seq + 1
+            for seq, s, size, msg_id in zip(
+                range(first, first + n), subjects, sizes, ids or [""] * n, strict=True
+            ):
+                evicted += stream.append(MessageMeta(seq, s, size, now, 0, extra), msg_id)
+            evicted.sort()
         else:
-            first = stream.append_mixed(subjects, sizes, now, [extra] * n)
-        if ids is not None:
-            stream.remember_run_ids(first, ids, now)
+            if one_subject:
+                first = stream.append_run(subject, sizes, now, extra)
+            else:
+                first = stream.append_mixed(subjects, sizes, now, [extra] * n)
+            if ids is not None:
+                stream.remember_run_ids(first, ids, now)
+            if stream.evicts:
+                evicted = stream.enforce_run_limits()
         fut = self.store.append_run(
             name,
             [
@@ -1465,10 +1479,8 @@ class Broker:
             ],
         )
         last = first + n - 1
-        if stream.evicts:
-            evicted = stream.enforce_run_limits()
-            if evicted:
-                self._delete_seqs(stream, evicted)
+        if evicted:
+            self._delete_seqs(stream, evicted)
         tick = self._tick_for(fut)
         if ids is None:
             tick.appended.append((stream, first, last, ""))
