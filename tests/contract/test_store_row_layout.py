@@ -16,7 +16,7 @@ import pytest
 from tether.storage import ConsumerRecord, StorageError, StoredMessage, StreamRecord
 from tether.storage import sqlite as sqlite_backend
 from tether.storage.checksum import checksum, stream_seed
-from tether.storage.integrity import check_store
+from tether.storage.integrity import check_store, repair_store
 from tether.storage.sqlite import DB_FILENAME, SCHEMA_VERSION, SqliteStore
 
 TS = 1_700_000_000_000_000_000
@@ -192,5 +192,47 @@ async def test_a_copy_that_fails_leaves_the_schema_3_database_as_it_was(
     await store.open()
     try:
         assert await store.read_range("s", 1, 100) == msgs
+    finally:
+        await store.close()
+
+
+async def test_repair_keeps_every_row_when_only_the_key_index_is_damaged(tmp_path: Path) -> None:
+    count = 20_000
+    store = SqliteStore(tmp_path, cache_bytes=0)
+    await store.open()
+    try:
+        store.put_stream(StreamRecord("s", b"{}", 1))
+        await store.append_run(
+            "s",
+            [StoredMessage(seq, "s.a", b"", payload(seq, 100), TS) for seq in range(1, count + 1)],
+        )
+    finally:
+        await store.close()  # checkpoints: everything is in the database file
+    conn = sqlite3.connect(tmp_path / DB_FILENAME)
+    try:
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        (root,) = conn.execute(
+            "SELECT rootpage FROM sqlite_master WHERE type = 'index' AND tbl_name = 'messages'"
+        ).fetchone()
+    finally:
+        conn.close()
+    with (tmp_path / DB_FILENAME).open("r+b") as db:  # the index's root: every lookup by key
+        db.seek((root - 1) * page_size)
+        db.write(b"\xff" * page_size)
+
+    found = check_store(tmp_path)
+    assert not found.ok
+    assert found.streams[0].messages == count and found.streams[0].verified == count
+    repaired = repair_store(tmp_path)
+    assert repaired.repaired
+    assert repaired.lost == [], repaired.lost
+
+    store = SqliteStore(tmp_path, cache_bytes=0)
+    await store.open()
+    try:
+        assert [m.seq for m in await store.read_range("s", 1, count)] == list(range(1, count + 1))
+        assert await store.read("s", 12_345) == StoredMessage(
+            12_345, "s.a", b"", payload(12_345, 100), TS
+        )
     finally:
         await store.close()

@@ -49,8 +49,21 @@ REPAIRING = f"{DB_FILENAME}.repairing"
 # no plain_size (every payload as sent) and its streams no compression: NULL and
 # 'none' stand in for them (see _scan_sql).
 _SCAN_COLUMNS = "seq, subject, headers, data, ts, priority, crc, plain_size"
-SQL_SCAN = f"SELECT {_SCAN_COLUMNS} FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq"
+# A scan's rows start with their position, from which a scan cut short by damage goes
+# on: the sequence, read through the (stream, seq) key. A database SQLite finds
+# damaged is read through the table itself instead, by rowid, where it has one
+# (schema 4): a damaged key index must not hide the intact rows it points to.
+SQL_SCAN = f"SELECT seq, {_SCAN_COLUMNS} FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq"
 SQL_PROBE = "SELECT seq FROM messages WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT 1"
+SQL_SCAN_TABLE = (
+    f"SELECT rowid, {_SCAN_COLUMNS} FROM messages NOT INDEXED"
+    " WHERE stream = ? AND rowid >= ? ORDER BY rowid"
+)
+SQL_PROBE_TABLE = (
+    "SELECT rowid FROM messages NOT INDEXED WHERE stream = ? AND rowid >= ? ORDER BY rowid LIMIT 1"
+)
+SQL_LAST_ROWID = "SELECT max(rowid) FROM messages NOT INDEXED"
+SQL_MESSAGES_TABLE = "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'"
 SQL_MESSAGE_STREAMS = "SELECT DISTINCT stream FROM messages"
 SQL_STREAMS = "SELECT name, config, created_ns, compression FROM streams"
 SQL_CONSUMERS = "SELECT stream, name, config, state, created_ns FROM consumers"
@@ -59,7 +72,8 @@ SQL_INSERT_STREAM = (
 )
 SQL_INSERT_SEQ = "INSERT INTO stream_seq (stream, last_seq) VALUES (?, ?)"
 SQL_INSERT_MESSAGE = (
-    f"INSERT INTO messages (stream, {_SCAN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    # OR IGNORE: a damaged table read row by row may hold a key twice; the first stays.
+    f"INSERT OR IGNORE INTO messages (stream, {_SCAN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 SQL_INSERT_CONSUMER = (
     "INSERT INTO consumers (stream, name, config, state, created_ns) VALUES (?, ?, ?, ?, ?)"
@@ -89,17 +103,29 @@ def _text(value: object) -> str:
     return str(value)
 
 
+class _Scan:
+    """How the messages of a stream are read: the statements and what their position is."""
+
+    def __init__(self, scan: str, probe: str, unit: str) -> None:
+        self.scan, self.probe, self.unit = scan, probe, unit
+
+
+_BY_KEY = _Scan(SQL_SCAN, SQL_PROBE, "sequence")
+_BY_ROWID = _Scan(SQL_SCAN_TABLE, SQL_PROBE_TABLE, "row")
+
+
 def _rows(
-    conn: sqlite3.Connection, stream: str, bound: int, scan: str = SQL_SCAN
+    conn: sqlite3.Connection, stream: str, bound: int, how: _Scan = _BY_KEY
 ) -> Iterator[tuple[object, ...] | str]:
-    """Every row of ``stream`` in order, and a sentence for each stretch that could not
-    be read: the scan skips forward past it (1, 2, 4… sequences) until reads work again,
-    up to sequence ``bound``."""
+    """Every row of ``stream`` in order of position, and a sentence for each stretch
+    that could not be read: the scan skips forward past it (1, 2, 4… positions) until
+    reads work again, up to position ``bound``."""
+    scan = _scan_sql(conn, how.scan)
     start = 1
     while True:
         try:
             for row in conn.execute(scan, (stream, start)):
-                yield row
+                yield row[1:]
                 if isinstance(row[0], int):
                     start = row[0] + 1
             return
@@ -109,15 +135,32 @@ def _rows(
             while True:
                 start = failed_at + step
                 if start > max(bound, failed_at + 1):
-                    yield f"from sequence {failed_at} on: {exc}"
+                    yield f"from {how.unit} {failed_at} on: {exc}"
                     return
                 try:
-                    conn.execute(SQL_PROBE, (stream, start)).fetchone()
+                    conn.execute(how.probe, (stream, start)).fetchone()
                 except sqlite3.DatabaseError:
                     step *= 2
                     continue
                 break
-            yield f"sequences {failed_at} to {start - 1}: {exc}"
+            yield f"{how.unit}s {failed_at} to {start - 1}: {exc}"
+
+
+def _table_scan(conn: sqlite3.Connection) -> tuple[_Scan, int] | None:
+    """How to read a damaged database's messages through their table, and the last
+    position there; None for a ``WITHOUT ROWID`` table (schema 3 and older), whose rows
+    are their key."""
+    try:
+        row = conn.execute(SQL_MESSAGES_TABLE).fetchone()
+    except sqlite3.DatabaseError:
+        return None
+    if row is None or b"WITHOUT ROWID" in (row[0] or b"").upper():
+        return None
+    try:
+        (last,) = conn.execute(SQL_LAST_ROWID).fetchone()
+    except sqlite3.DatabaseError:
+        last = None
+    return _BY_ROWID, int(last) if isinstance(last, int) else 2**62
 
 
 def _scan_sql(conn: sqlite3.Connection, sql: str) -> str:
@@ -203,6 +246,7 @@ def _scan_database(
     if findings != ["ok"]:
         more = f" (and {len(findings) - 1} more findings)" if len(findings) > 1 else ""
         report.problems.append(f"SQLite finds the database damaged: {findings[0]}{more}")
+    by_table = _table_scan(conn) if findings != ["ok"] else None
     try:
         held = _held(conn)
     except sqlite3.DatabaseError as exc:
@@ -233,8 +277,11 @@ def _scan_database(
         if copy is not None and name in definitions:
             config, created_ns, compression = definitions[name][1:]
             copy.execute(SQL_INSERT_STREAM, (name, config, created_ns, _text(compression)))
-        bound = max(stream.last_seq, stream.claimed or 0)
-        for row in _rows(conn, name, bound, _scan_sql(conn, SQL_SCAN)):
+        if by_table is None:
+            rows = _rows(conn, name, max(stream.last_seq, stream.claimed or 0))
+        else:
+            rows = _rows(conn, name, by_table[1], by_table[0])
+        for row in rows:
             if isinstance(row, str):
                 stream.unreadable.append(row)
                 continue
