@@ -98,3 +98,11 @@ async def test_compact_refuses_a_store_in_use_a_newer_one_and_a_missing_one(
     refused = compact(tmp_path)
     assert refused.returncode == 1
     assert "has schema version 99, newer than this version of tether supports" in refused.stderr
+
+
+def test_compact_says_why_it_cannot_open_the_file(tmp_path: Path) -> None:
+    (tmp_path / DB_FILENAME).mkdir()  # a path that cannot be opened as a file
+    refused = compact(tmp_path)
+    assert refused.returncode == 1
+    assert f"cannot open the database {tmp_path / DB_FILENAME}" in refused.stderr
+    assert "Traceback" not in refused.stderr

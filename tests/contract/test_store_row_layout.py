@@ -124,7 +124,10 @@ async def test_a_1_kib_message_takes_about_1_kib_on_disk(tmp_path: Path) -> None
     assert per_message < 1.5 * 1024, per_message
 
 
-async def test_a_schema_3_database_is_copied_into_rowid_tables(tmp_path: Path) -> None:
+async def test_a_schema_3_database_is_copied_into_rowid_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_backend, "MIGRATE_STRETCH_ROWS", 4)  # a few stretches
     msgs = old_messages()
     consumer = write_schema_3(tmp_path, msgs)
     assert "WITHOUT ROWID" in table_sql(tmp_path)["messages"]
@@ -170,13 +173,14 @@ async def test_a_copy_that_fails_leaves_the_schema_3_database_as_it_was(
     msgs = old_messages()
     write_schema_3(tmp_path, msgs)
     before = table_sql(tmp_path)
-    # As when the disk fills up during the copy: a statement half-way through fails.
-    failing = sqlite_backend.SQL_MIGRATE_3_TO_4.replace(
+    # As when the disk fills up at the end of the copy: the swap fails half-way through.
+    failing = sqlite_backend.SQL_MIGRATE_3_TO_4_SWAP.replace(
         "DROP TABLE consumers;", "SELECT no_such_function();"
     )
-    monkeypatch.setattr(sqlite_backend, "SQL_MIGRATE_3_TO_4", failing)
+    monkeypatch.setattr(sqlite_backend, "SQL_MIGRATE_3_TO_4_SWAP", failing)
+    monkeypatch.setattr(sqlite_backend, "MIGRATE_STRETCH_ROWS", 2)
     store = SqliteStore(tmp_path, cache_bytes=0)
-    with pytest.raises(StorageError):
+    with pytest.raises(StorageError, match=r"to schema 4 failed: .* The database is as it was"):
         await store.open()
     await store.close()
     assert table_sql(tmp_path) == before
@@ -236,3 +240,24 @@ async def test_repair_keeps_every_row_when_only_the_key_index_is_damaged(tmp_pat
         )
     finally:
         await store.close()
+
+
+async def test_a_copy_cut_short_by_a_kill_is_made_again(tmp_path: Path) -> None:
+    msgs = old_messages()
+    write_schema_3(tmp_path, msgs)
+    conn = sqlite3.connect(tmp_path / DB_FILENAME)  # what a kill -9 after two stretches leaves
+    try:
+        conn.executescript(sqlite_backend.SQL_MIGRATE_3_TO_4_START)
+        conn.execute(sqlite_backend.SQL_MIGRATE_3_TO_4_STRETCH, ("", -(2**63), 2))
+        conn.commit()
+    finally:
+        conn.close()
+    assert "messages_4" in table_sql(tmp_path)
+
+    store = SqliteStore(tmp_path, cache_bytes=0)
+    await store.open()
+    try:
+        assert await store.read_range("s", 1, 100) == msgs
+    finally:
+        await store.close()
+    assert "messages_4" not in table_sql(tmp_path)

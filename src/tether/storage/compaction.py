@@ -50,12 +50,16 @@ def compact_store(directory: str | Path) -> CompactReport:
     db = directory / DB_FILENAME
     if not db.exists():
         raise StorageError(f"there is no store in {directory}")
-    problem = database_file_problem(db)
+    try:
+        problem = database_file_problem(db)
+        busy = problem is None and in_use(db)
+    except OSError as exc:  # not readable, or not writable (a read-only file system)
+        raise StorageError(f"cannot open the database {db}: {exc.strerror or exc}") from exc
     if problem is not None:
         raise StorageError(
             f"the database {db} {problem}: run `tether store check` and `tether store repair`"
         )
-    if in_use(db):
+    if busy:
         raise StorageError(f"{db} is in use: stop the server before compacting its store")
     before = _size(db)
     try:

@@ -164,13 +164,28 @@ ALTER TABLE messages ADD COLUMN plain_size INTEGER;
 PRAGMA user_version = 3;
 COMMIT;
 """
-# Version 3 to 4: the two tables are copied into their rowid layout, in key order (the
-# copy is as large as the tables: a database of 10 GB needs 10 GB free for a moment).
-SQL_MIGRATE_3_TO_4 = f"""
+# Version 3 to 4: ``messages`` is copied into its rowid layout in key order, a stretch
+# of rows a transaction, so that the write-ahead log stays the size of a stretch (one
+# transaction for the whole copy made it twice the size of the new table, on top of
+# the new table itself). The old table stays whole until the last transaction swaps
+# the tables (and copies the consumers, a small table): a copy cut short, by a full
+# disk or a kill, leaves schema 3 as it was, and the next start copies again.
+MIGRATE_STRETCH_ROWS = 10_000
+SQL_MIGRATE_3_TO_4_START = f"""
 BEGIN IMMEDIATE;
+DROP TABLE IF EXISTS messages_4;
 CREATE TABLE messages_4 {_MESSAGES_TABLE};
-INSERT INTO messages_4 ({_MESSAGE_COLUMNS})
-    SELECT {_MESSAGE_COLUMNS} FROM messages ORDER BY stream, seq;
+COMMIT;
+"""
+SQL_MIGRATE_3_TO_4_STRETCH = (
+    f"INSERT INTO messages_4 ({_MESSAGE_COLUMNS}) SELECT {_MESSAGE_COLUMNS} FROM messages"
+    " WHERE (stream, seq) > (?, ?) ORDER BY stream, seq LIMIT ?"
+)
+SQL_MIGRATE_3_TO_4_COPIED = (
+    "SELECT stream, seq FROM messages_4 ORDER BY stream DESC, seq DESC LIMIT 1"
+)
+SQL_MIGRATE_3_TO_4_SWAP = f"""
+BEGIN IMMEDIATE;
 DROP TABLE messages;
 ALTER TABLE messages_4 RENAME TO messages;
 CREATE TABLE consumers_4 {_CONSUMERS_TABLE};
@@ -181,6 +196,8 @@ ALTER TABLE consumers_4 RENAME TO consumers;
 PRAGMA user_version = 4;
 COMMIT;
 """
+SQL_MIGRATE_3_TO_4_ABANDON = "DROP TABLE IF EXISTS messages_4"
+SQL_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
 # Each stream's last sequence: the high-water mark, or for a stream with no mark yet 0.
 SQL_HELD = (
     "SELECT name, coalesce((SELECT last_seq FROM stream_seq WHERE stream = name), 0)"
@@ -349,9 +366,52 @@ def migrate(conn: sqlite3.Connection) -> None:
         _migrate_step(conn, SQL_MIGRATE_2_TO_3)
     (version,) = conn.execute(SQL_SCHEMA_VERSION).fetchone()
     if version < 4:
-        (_, _, path) = conn.execute("PRAGMA database_list").fetchone()
-        log.info("copying the messages and consumers of %s into schema 4's layout", path)
-        _migrate_step(conn, SQL_MIGRATE_3_TO_4)
+        _migrate_3_to_4(conn)
+
+
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    """Copy ``messages`` into its rowid layout a stretch at a time, then swap the tables
+    (see :data:`SQL_MIGRATE_3_TO_4_START`)."""
+    (_, _, path) = conn.execute("PRAGMA database_list").fetchone()
+    log.info("upgrading %s to schema 4: copying its messages into rowid tables", path)
+    started = time.monotonic()
+    # This SQLite may be built to overwrite every freed page (SECURE_DELETE): dropping
+    # the old table would then write all of it again, into the log. What it held lives
+    # on in the new table, so nothing is gained by erasing it.
+    (secure_delete,) = conn.execute("PRAGMA secure_delete").fetchone()
+    conn.execute("PRAGMA secure_delete = FAST")
+    try:
+        _migrate_step(conn, SQL_MIGRATE_3_TO_4_START)
+        last: tuple[str, int] = ("", -(2**63))
+        while True:
+            conn.execute(SQL_BEGIN)
+            try:
+                copied = conn.execute(
+                    SQL_MIGRATE_3_TO_4_STRETCH, (*last, MIGRATE_STRETCH_ROWS)
+                ).rowcount
+                if copied > 0:
+                    last = conn.execute(SQL_MIGRATE_3_TO_4_COPIED).fetchone()
+                conn.execute(SQL_COMMIT)
+            except BaseException:
+                conn.execute(SQL_ROLLBACK)
+                raise
+            if copied < MIGRATE_STRETCH_ROWS:
+                break
+        _migrate_step(conn, SQL_MIGRATE_3_TO_4_SWAP)
+    except sqlite3.Error as exc:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute(SQL_MIGRATE_3_TO_4_ABANDON)  # its pages become free pages
+        raise StorageError(
+            f"upgrading the database {path} to schema 4 failed: {exc}. The database is as"
+            " it was; the upgrade copies its messages once and needs free disk space of"
+            " about their size"
+        ) from exc
+    finally:
+        conn.execute(f"PRAGMA secure_delete = {int(secure_delete)}")
+    # The log held the last stretches and the swap: give its space back now.
+    with contextlib.suppress(sqlite3.Error):
+        conn.execute(SQL_CHECKPOINT_TRUNCATE)
+    log.info("upgraded %s to schema 4 in %.1f s", path, time.monotonic() - started)
 
 
 def _migrate_step(conn: sqlite3.Connection, script: str) -> None:
