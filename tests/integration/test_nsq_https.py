@@ -193,8 +193,9 @@ async def test_plain_http_to_the_tls_port_is_answered_as_go_does(
 def test_silent_clients_are_closed_after_the_header_timeout(
     certs: dict[str, str], tmp_path: Path
 ) -> None:
-    """Go's server waits for the first bytes and the handshake without end; here
-    ``http_header_timeout`` bounds both, and the port goes on serving."""
+    """The first bytes and the handshake get 5 s together (nats-server's
+    ``ReadHeaderTimeout``), or ``http_header_timeout`` when shorter; then the client is
+    closed and the port goes on serving."""
     conf = config(certs, tmp_path, "http_header_timeout = 0.5\nnsq_https_port = -1\n")
     with run_server(store="memory", args=["--config", conf]) as srv:
         port = strict_https_port(srv)
@@ -212,6 +213,69 @@ def test_silent_clients_are_closed_after_the_header_timeout(
         assert time.monotonic() - started < 3
         r = httpx.get(f"https://127.0.0.1:{port}/ping", verify=trusting(certs))
         assert r.text == "OK"
+
+
+SLOW_STARTS = (b"", b"GET", b"\x16\x03\x01\x02\x00\x01")  # nothing, 3 bytes, half a hello
+
+
+async def seconds_to_close(port: int, first: bytes) -> float:
+    """How long the server keeps a client that sent ``first`` and nothing more."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(first)
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):  # an aborted handshake
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+        return time.monotonic() - started
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def test_slow_clients_get_5_s_as_nats_server_gives_them(
+    server: RunningServer, certs: dict[str, str], tmp_path: Path
+) -> None:
+    """With the default ``http_header_timeout`` (60 s), a client that sends nothing, part
+    of a request line or half a ClientHello is closed after 5 s, as nats-server's
+    monitoring port (Go's net/http with ``ReadHeaderTimeout`` 5 s) closes it."""
+    with go_https_port(certs, tmp_path) as go_port:
+        port = await https_port(server)
+        waits = await asyncio.gather(
+            *(seconds_to_close(p, first) for p in (port, go_port) for first in SLOW_STARTS)
+        )
+    ours, theirs = waits[: len(SLOW_STARTS)], waits[len(SLOW_STARTS) :]
+    for first, mine, go in zip(SLOW_STARTS, ours, theirs, strict=True):
+        assert 4.5 < go < 6.5, (first, go)
+        assert 4.5 < mine < 6.5 and abs(mine - go) < 1.0, (first, mine, go)
+
+
+def test_idle_sockets_cannot_keep_a_client_out(certs: dict[str, str], tmp_path: Path) -> None:
+    """Past ``http_max_connections`` connections waiting for their first bytes or their
+    handshake, the oldest is closed: a flood of idle sockets (silent or stopped inside
+    the handshake) does not keep a real client out, and the log says so once."""
+    extra = "http_max_connections = 16\nnsq_https_port = -1\n"
+    with run_server(store="memory", args=["--config", config(certs, tmp_path, extra)]) as srv:
+        port = strict_https_port(srv)
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(50)]
+        try:
+            for sock in idle[:5]:
+                sock.sendall(b"\x16\x03\x01\x02\x00\x01")  # in their handshake
+            time.sleep(0.2)
+            r = httpx.get(f"https://127.0.0.1:{port}/ping", verify=trusting(certs))
+            assert r.text == "OK"
+            for sock in idle[:30]:  # the oldest were closed to make room
+                with contextlib.suppress(ConnectionResetError):
+                    assert sock.recv(100) == b""
+            for sock in idle[-10:]:  # the newest still wait
+                sock.settimeout(0.01)
+                with pytest.raises(TimeoutError):
+                    sock.recv(100)
+        finally:
+            for sock in idle:
+                sock.close()
+        assert srv.stderr.count("closed the oldest") == 1, srv.stderr
+        assert "Traceback" not in srv.stderr
 
 
 # -- nsq_tls_required = true and client certificates -----------------------------------------

@@ -16,7 +16,7 @@ import uvicorn
 
 from tether.server.http.auth import AsgiApp, Receive, Scope, Send
 from tether.server.http.limits import HttpLimits, bounded_protocol
-from tether.server.http.tls_port import TlsPort
+from tether.server.http.tls_port import GREETING_TIMEOUT, TlsPort
 from tether.server.listen import listen_socket, show
 
 
@@ -100,11 +100,13 @@ class HttpListener:
                 )
                 return made
 
+            # Until its handshake is done a connection gets nats-server's 5 s (the request
+            # head then gets header_timeout, as on a plain port).
             self._tls_port = TlsPort(
                 sock,
                 context,
                 protocol,
-                timeout=self._limits.header_timeout,
+                timeout=min(GREETING_TIMEOUT, self._limits.header_timeout),
                 max_pending=self._limits.max_connections,
             )
             self._tls_port.start()

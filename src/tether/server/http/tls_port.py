@@ -15,6 +15,14 @@ OpenSSL has no such look (it fails the handshake and closes), so :class:`TlsPort
 accepts the connections itself, peeks at the first five bytes (``MSG_PEEK``: they stay
 in the socket for the handshake) and gives a TLS connection to the loop's own TLS
 transport with the HTTP server's protocol, as ``create_server(ssl=...)`` would.
+
+A connection costs little until its handshake is done, and a flood of silent ones must
+not keep real clients out: the first bytes and the handshake together get
+:data:`GREETING_TIMEOUT` seconds (nats-server's ``ReadHeaderTimeout``, which bounds its
+handshake too), and past ``max_pending`` such connections the oldest is closed to let a
+new one in. While a connection waits for its first bytes the kernel is asked to wake
+the loop only once five are there (``SO_RCVLOWAT``), so a thousand clients that sent
+one byte each cost nothing until they send more.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable
 
 log = logging.getLogger("tether.http")
@@ -37,6 +46,10 @@ _RECORD_HEADER = 5
 _TLS_RECORD_TYPES = (0x15, 0x16)  # alert, handshake
 _LINGER, _LINGER_BYTES = 2.0, 1 << 20  # how long and how much a refused client may send
 _TCP_CLOSE_WAIT = 8  # Linux's tcpi_state once the peer has sent its FIN
+# Seconds for the first bytes and the handshake together: nats-server's monitoring
+# server's ReadHeaderTimeout, which Go's net/http applies to the handshake too.
+GREETING_TIMEOUT = 5.0
+_WARN_EVERY = 10.0  # seconds between two warnings of the same kind
 
 
 def first_record(head: bytes) -> str:
@@ -53,13 +66,43 @@ def first_record(head: bytes) -> str:
     return "other"
 
 
+class _Warning:
+    """A warning logged at most once every ``every`` seconds, with how many times it
+    happened since the last one logged (an ``accept`` failing on EMFILE would otherwise
+    fill the log ten times a second)."""
+
+    def __init__(self, message: str, every: float) -> None:
+        self._message = message
+        self._every = every
+        self._last = -every
+        self._count = 0
+
+    def __call__(self, *args: object) -> None:
+        self._count += 1
+        now = time.monotonic()
+        if now - self._last < self._every:
+            return
+        if self._count > 1:
+            log.warning(
+                self._message + " (%d times in the last %.3g s)",
+                *args,
+                self._count,
+                now - self._last,
+            )
+        else:
+            log.warning(self._message, *args)
+        self._last = now
+        self._count = 0
+
+
 class TlsPort:
     """Accepts on ``sock`` (bound, listening, non-blocking); each TLS connection gets a
     protocol from ``protocol_factory`` over a TLS transport with ``context``.
 
-    ``timeout`` bounds both the wait for the first five bytes and the handshake (Go's
-    server, as nsqd and nats-server run it, waits without end); ``max_pending`` the
-    connections in that phase at once (past it a new one is closed).
+    ``timeout`` bounds the wait for the first five bytes and the handshake together, as
+    nats-server's ``ReadHeaderTimeout`` (5 s) does (nsqd's server waits without end);
+    ``max_pending`` the connections in that phase at once: past it the one waiting the
+    longest is closed, so that idle sockets cannot keep a real client out.
     """
 
     def __init__(
@@ -75,9 +118,16 @@ class TlsPort:
         self._context = context
         self._factory = protocol_factory
         self._timeout = timeout
-        self._max_pending = max_pending
-        self._pending: set[asyncio.Task[None]] = set()
+        self._max_pending = max(1, max_pending)
+        # Connections not yet handed over, oldest first (a dict keeps the order).
+        self._pending: dict[asyncio.Task[None], None] = {}
         self._task: asyncio.Task[None] | None = None
+        self._accept_failed = _Warning("https: accept failed: %s", _WARN_EVERY)
+        self._crowded = _Warning(
+            "https: %d connections waiting for their first bytes or TLS handshake at once"
+            " (the most allowed): closed the oldest",
+            _WARN_EVERY,
+        )
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._accept())
@@ -101,18 +151,26 @@ class TlsPort:
             try:
                 conn, _ = await loop.sock_accept(self._sock)
             except OSError as exc:  # out of descriptors, say: try again shortly
-                log.warning("https: accept failed: %s", exc)
+                self._accept_failed(exc)
                 await asyncio.sleep(0.1)
                 continue
             if len(self._pending) >= self._max_pending:
-                conn.close()
-                continue
+                # The oldest waiting is the likeliest idle: closing it (its task's own
+                # cleanup closes the socket, or the transport) lets this one in.
+                oldest = next(iter(self._pending))
+                del self._pending[oldest]
+                oldest.cancel()
+                self._crowded(self._max_pending)
             task = asyncio.create_task(self._greet(conn))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self._pending[task] = None
+            task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._pending.pop(task, None)
 
     async def _greet(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
         handed_over = False
         try:
             try:
@@ -124,7 +182,7 @@ class TlsPort:
             kind = first_record(head)
             if kind == "tls":
                 handed_over = True  # the transport owns the socket from here, even failing
-                await self._handshake(conn)
+                await self._handshake(conn, max(deadline - loop.time(), 0.001))
                 return
             reply = {"sslv2": SSLV2_ALERT, "http": MISDIRECTED}.get(kind, b"")
             log.debug("https: %s client (%r) refused", kind, head)
@@ -136,11 +194,11 @@ class TlsPort:
             if not handed_over:
                 conn.close()
 
-    async def _handshake(self, conn: socket.socket) -> None:
+    async def _handshake(self, conn: socket.socket, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         try:
             await loop.connect_accepted_socket(
-                self._factory, conn, ssl=self._context, ssl_handshake_timeout=self._timeout
+                self._factory, conn, ssl=self._context, ssl_handshake_timeout=seconds
             )
         except OSError as exc:  # the handshake failed (ssl.SSLError) or timed out
             log.debug("https: TLS handshake failed: %s", exc)
@@ -149,21 +207,42 @@ class TlsPort:
 async def _peek(sock: socket.socket, size: int) -> bytes:
     """Up to ``size`` first bytes, left in the socket; fewer when the stream ends first."""
     loop = asyncio.get_running_loop()
-    delay = 0.005
-    while True:
-        await _readable(loop, sock)
-        try:
-            head = sock.recv(size, socket.MSG_PEEK)
-        except BlockingIOError:
-            continue
-        if len(head) >= size or not head:
-            return head
-        # Some bytes: the socket stays readable until the rest comes (or the end, which
-        # a peek cannot see behind them), so look again a little later.
-        if _peer_closed(sock):
-            return head
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.1)
+    # With the low-water mark at ``size`` the socket reads as readable only once ``size``
+    # bytes, the end or an error are there: no wake-up per byte, no polling.
+    low_water = _set_low_water(sock, size)
+    try:
+        delay = 0.005
+        while True:
+            await _readable(loop, sock)
+            try:
+                head = sock.recv(size, socket.MSG_PEEK)
+            except BlockingIOError:
+                continue
+            if len(head) >= size or not head:
+                return head
+            # Some bytes: the end behind them, which a peek cannot see, or (without a
+            # low-water mark, or woken early by Linux under memory pressure) the rest
+            # still to come, which the socket does not wait for: look again a little later.
+            closed = _peer_closed(sock)
+            if closed or (closed is None and low_water):
+                return head
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+    finally:
+        if low_water:  # the TLS transport and the linger read byte by byte again
+            _set_low_water(sock, 1)
+
+
+def _set_low_water(sock: socket.socket, size: int) -> bool:
+    """Sets ``SO_RCVLOWAT``; whether the system has it (Linux and the BSDs do)."""
+    option = getattr(socket, "SO_RCVLOWAT", None)
+    if option is None:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, option, size)
+    except OSError:
+        return False
+    return True
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
@@ -181,16 +260,16 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         loop.remove_reader(fd)
 
 
-def _peer_closed(sock: socket.socket) -> bool:
-    """Whether the peer has sent its FIN (Linux's TCP_INFO; elsewhere the timeout ends
-    the wait)."""
+def _peer_closed(sock: socket.socket) -> bool | None:
+    """Whether the peer has sent its FIN (Linux's TCP_INFO); ``None`` where the system
+    cannot tell."""
     option = getattr(socket, "TCP_INFO", None)
     if option is None:
-        return False
+        return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, option, 1)
     except OSError:
-        return False
+        return None
     return bool(info) and info[0] == _TCP_CLOSE_WAIT
 
 
