@@ -422,7 +422,6 @@ async def test_the_streams_of_one_storage_share_the_bound() -> None:
     for _ in range(3):
         broker.publish(broker.get_stream("A"), "a", None, b"x" * 69, out.append)
     await broker.store.flush()
-    # The other streams' bytes count from the next loop turn on.
     broker.publish(broker.get_stream("B"), "b", None, b"x", out.append)
     await broker.store.flush()
     assert out == [PubAck("A", 1), PubAck("A", 2), PubAck("A", 3), out[-1]]
@@ -432,6 +431,99 @@ async def test_the_streams_of_one_storage_share_the_bound() -> None:
     broker.publish(broker.get_stream("B"), "b", None, b"x", out.append)
     await broker.store.flush()
     assert out[-1] == PubAck("B", 1)
+    broker.close()
+
+
+async def test_the_other_streams_bytes_count_at_once() -> None:
+    # nats-server keeps the bytes of each storage as they change: what one stream
+    # stores counts for the next publish to another, in the same loop turn too.
+    broker = await broker_with(ServerLimits(max_storage=250))
+    for name in ("A", "B"):
+        await broker.create_stream(name, body(name=name, subjects=[name.lower()]))
+    a, b = broker.get_stream("A"), broker.get_stream("B")
+    out: list[PubAck | ApiError] = []
+    broker.publish(b, "b", None, b"x" * 69, out.append)
+    for _ in range(2):
+        broker.publish(a, "a", None, b"x" * 69, out.append)
+    broker.publish(b, "b", None, b"x", out.append)  # 300 bytes held: refused
+    await broker.store.flush()
+    # (a refusal is told at once, the acks after the commit)
+    assert isinstance(out[0], ApiError) and out[0].err_code == 10023
+    assert out[1:] == [PubAck("B", 1), PubAck("A", 1), PubAck("A", 2)]
+    broker.close()
+
+
+class NoPass(dict[str, Any]):
+    """Streams that refuse to be gone through (a publish must not sum every stream)."""
+
+    def values(self) -> Any:
+        raise AssertionError("a pass over every stream")
+
+
+async def test_a_publish_under_a_bound_does_not_go_through_every_stream() -> None:
+    broker = await broker_with(ServerLimits(max_memory=10_000, max_storage=10_000))
+    for i in range(3):
+        await broker.create_stream(f"S{i}", body(name=f"S{i}", subjects=[f"s.{i}"]))
+    stream = broker.get_stream("S0")
+    out: list[PubAck | ApiError] = []
+    broker.streams = NoPass(broker.streams)
+    sink = Sink()
+    for _ in range(3):
+        broker.publish(stream, "s.0", None, b"x", out.append)
+        broker.publish_many(stream, "s.0", [b"y"] * 2, ["r1", "r2"], sink)
+        await asyncio.sleep(0)
+    await broker.store.flush()
+    await asyncio.sleep(0)
+    assert out == [PubAck("S0", seq) for seq in (1, 4, 7)]
+    assert broker.used("file") == 9 * (3 + 1 + 30)
+    broker.streams = dict(broker.streams)
+    broker.close()
+
+
+async def test_the_bytes_held_follow_every_change() -> None:
+    store = MemoryStore()
+    await store.open()
+    broker = Broker(store, FakeClock())
+    broker.set_limits(ServerLimits(max_memory=1 << 30, max_storage=1 << 30))
+    await broker.load()
+
+    def held() -> tuple[int, int]:
+        streams = broker.streams.values()
+        file = sum(s.state.bytes for s in streams if s.config.storage == "file")
+        memory = sum(s.state.bytes for s in streams if s.config.storage == "memory")
+        assert (broker.used("file"), broker.used("memory")) == (file, memory)
+        return file, memory
+
+    await broker.create_stream("F", body(name="F", subjects=["f.*"], max_msgs=5))
+    await broker.create_stream("M", body(name="M", subjects=["m"], storage="memory"))
+    await broker.create_stream("G", body(name="G", subjects=["g"], max_bytes=500))
+    sink = Sink()
+    out: list[PubAck | ApiError] = []
+    broker.publish_many(broker.get_stream("F"), "f.a", [b"x" * 10] * 8, ["r"] * 8, sink)
+    broker.publish_mixed(broker.get_stream("F"), ["f.a", "f.b"], [b"a", b"b"], ["r"] * 2, sink)
+    for _ in range(4):
+        broker.publish(broker.get_stream("M"), "m", None, b"m" * 50, out.append)
+        broker.publish(broker.get_stream("G"), "g", None, b"g" * 200, out.append)
+    await store.flush()
+    assert held()[0] > 0 and held()[1] > 0
+    await broker.purge_stream("F", "f.b", 0, 0)
+    assert held()
+    await broker.update_stream("F", body(name="F", subjects=["f.*"], max_msgs=2))
+    assert held()
+    await store.flush()
+    before = held()
+    broker.close()
+    # A restart counts what the store holds.
+    broker = Broker(store, FakeClock())
+    broker.set_limits(ServerLimits(max_memory=1 << 30, max_storage=1 << 30))
+    await broker.load()
+    assert held() == before
+    gone = broker.get_stream("G")
+    await broker.delete_stream("G")
+    assert held()[0] == before[0] - gone.state.bytes > 0
+    gone.remove(gone.state.last_seq)  # a deleted stream no longer counts
+    await broker.delete_stream("M")
+    assert held() == (before[0] - 2 * (1 + 200 + 30), 0)
     broker.close()
 
 

@@ -53,6 +53,7 @@ from tether.engine.streams.stream import (
     PRIORITY,
     PRIORITY_RANGE,
     ROLLUP,
+    BytesHeld,
     Stream,
     message_ttl,
     parse_priority,
@@ -158,8 +159,8 @@ class Broker:
         self.batches = AtomicBatches(clock)
         # The server's JetStream limits (engine/limits.py); set by whoever runs the server.
         self.limits = ServerLimits()
-        self._others: dict[str, int] = {}  # per stream: the bytes of the others (_room)
-        self._turn_used: dict[str, int] = {}  # per storage: the bytes of its streams (_room)
+        # The bytes the streams of each storage kind hold, kept as they change (_room).
+        self._held = {"file": BytesHeld(), "memory": BytesHeld()}
         # The one timer heap for delayed work (stream schedules, HTTP scheduled messages).
         self.timetable = sched.Timetable(clock)
         self._counters: dict[str, counters.CounterValues] = {}
@@ -206,6 +207,7 @@ class Broker:
             await self._restore_dedup(stream, index, now)
             await self._restore_ttls(stream, index)
             self.streams[stream.name] = stream
+            self._count(stream)
             self.loaded.streams += 1
             self.loaded.messages += len(index)
         self.loaded.current = ""
@@ -355,6 +357,7 @@ class Broker:
         stream = Stream(config, self.clock.now())
         stream.start_empty()
         self.streams[config.name] = stream
+        self._count(stream)
         try:
             await self._durable(
                 self.store.put_stream(
@@ -366,6 +369,7 @@ class Broker:
         except errors.ApiError:
             if self.streams.get(config.name) is stream:
                 del self.streams[config.name]
+                self._uncount(stream)
             raise
         log.debug("stream %s created (subjects %s)", stream.name, ", ".join(config.subjects))
         self._notify_changed(stream)
@@ -425,43 +429,28 @@ class Broker:
 
     def used(self, storage: str) -> int:
         """The bytes the streams with ``storage`` hold, as nats-server counts them."""
-        return sum(s.state.bytes for s in self.streams.values() if s.config.storage == storage)
+        return self._held[storage].bytes
+
+    def _count(self, stream: Stream) -> None:
+        """``stream`` joins the streams of its storage: its bytes count with theirs."""
+        held = self._held[stream.config.storage]
+        held.bytes += stream.state.bytes
+        stream.held = held
+
+    def _uncount(self, stream: Stream) -> None:
+        """``stream`` is gone: its bytes no longer count, nor what it still removes."""
+        stream.held.bytes -= stream.state.bytes
+        stream.held = BytesHeld(stream.state.bytes)
 
     def _room(self, stream: Stream) -> int | None:
         """How many bytes the server's bound for ``stream``'s storage leaves to it (the
         other streams' bytes taken off; below 0 when they hold more), or None when
-        there is no bound.
-
-        The streams' bytes are summed once per loop turn and storage (a publish must
-        not cost a pass over every stream, nor a turn publishing to many streams one
-        pass each), and the others' share taken once per turn and stream: what they
-        store during the same turn counts from the next one. ``stream``'s own bytes
-        are always current."""
-        limits = self.limits
-        if not limits.sized:
-            return None
-        storage = stream.config.storage
-        bound = limits.bound(storage)
+        there is no bound. The bytes of each storage are kept as they change, so this
+        is exact and costs the same with one stream or thousands."""
+        bound = self.limits.bound(stream.config.storage)
         if bound < 0:
             return None
-        others = self._others.get(stream.name)
-        if others is None:
-            total = self._turn_used.get(storage)
-            if total is None:
-                total = self.used(storage)
-                if not self._turn_used:
-                    try:
-                        asyncio.get_running_loop().call_soon(self._forget_turn)
-                    except RuntimeError:  # no loop to clear it: nothing is kept
-                        return bound - (total - stream.state.bytes)
-                self._turn_used[storage] = total
-            others = total - stream.state.bytes
-            self._others[stream.name] = others
-        return bound - others
-
-    def _forget_turn(self) -> None:
-        self._turn_used.clear()
-        self._others.clear()
+        return bound - (stream.held.bytes - stream.state.bytes)
 
     def _fits(self, stream: Stream, room: int | None, sizes: list[int]) -> bool:
         """Whether every message of a run of ``sizes`` bytes passes the full-store
@@ -489,6 +478,7 @@ class Broker:
     async def delete_stream(self, name: str) -> None:
         stream = self.get_stream(name)
         del self.streams[name]
+        self._uncount(stream)
         self.batches.drop_stream(name)
         self._counters.pop(name, None)
         for listener in self.listeners:
@@ -1998,8 +1988,8 @@ class Broker:
 
     # -- account ---------------------------------------------------------------------------------------
     def account_usage(self) -> dict[str, Any]:
-        storage = sum(s.state.bytes for s in self.streams.values() if s.config.storage == "file")
-        memory = sum(s.state.bytes for s in self.streams.values() if s.config.storage == "memory")
+        storage = self.used("file")
+        memory = self.used("memory")
         consumers = sum(s.consumer_count for s in self.streams.values())
         return {
             "memory": memory,

@@ -50,6 +50,18 @@ class StreamState:
         self.last_ts = 0
 
 
+class BytesHeld:
+    """The bytes a set of streams hold: the broker keeps one per storage kind, which
+    each of its streams adds to and takes from as its own bytes change (nats-server's
+    ``storeUsed`` / ``memUsed``), so the server's bound is checked without a pass over
+    every stream."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self, held: int = 0) -> None:
+        self.bytes = held
+
+
 class Stream:
     """One stream: configuration plus the index of its live messages."""
 
@@ -61,6 +73,9 @@ class Stream:
         # formula for the configured storage (which an update cannot change).
         self.sizing = sizing(config.storage)
         self.state = StreamState()
+        # Where its bytes are counted with its storage kind's (set by the broker that
+        # holds it; its own until then): every change of ``state.bytes`` goes here too.
+        self.held = BytesHeld()
         self._msgs: dict[int, MessageMeta] = {}
         # Sequences in append order; deletions are lazy (skipped when no longer in _msgs),
         # because deleting from the front of a dict makes later scans slow.
@@ -496,7 +511,9 @@ class Stream:
         if st.msgs == 0:
             st.first_seq = first
         st.msgs += len(sizes)
-        st.bytes += sum(sizes)
+        size = sum(sizes)
+        st.bytes += size
+        self.held.bytes += size
         st.last_seq = end - 1
         st.last_ts = ts
         self.last_msg_id = ""
@@ -514,6 +531,7 @@ class Stream:
             st.first_seq = seq
         st.msgs += 1
         st.bytes += meta.size
+        self.held.bytes += meta.size
         if seq > st.last_seq:
             st.last_seq = seq
             st.last_ts = meta.ts
@@ -653,6 +671,7 @@ class Stream:
         st = self.state
         st.msgs -= 1
         st.bytes -= meta.size
+        self.held.bytes -= meta.size
         dq = self._by_subject[meta.subject]
         if dq[0] == seq:
             dq.popleft()
@@ -699,6 +718,7 @@ class Stream:
             st = self.state
             st.msgs -= len(removed)
             st.bytes -= size
+            self.held.bytes -= size
             if st.first_seq not in msgs:
                 order = self._order
                 while order and order[0] not in msgs:
