@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from tether.server.conf import parse_text
 from tether.server.conf.mapping import translate
 from tether.server.config import ServerConfig, load_config
 from tether.storage.memory import MemoryStore
+from tether.storage.sqlite import DB_FILENAME, WAL_SUFFIX
 
 MIB = 1024 * 1024
 
@@ -175,37 +177,82 @@ def test_the_memory_default_is_three_quarters_of_the_ram() -> None:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert system_memory() == ram
     assert default_max_memory() == ram // 4 * 3
+    # A store in RAM holds both kinds of stream there: each default is half of it.
+    assert default_max_memory(1003, memory_only=True) == 375
 
 
-def test_the_storage_default_is_three_quarters_of_the_free_disk(tmp_path: Path) -> None:
-    def expected() -> int:
-        fs = os.statvfs(tmp_path)
-        return fs.f_bavail * fs.f_bsize // 4 * 3
+class Disk:
+    """A file system of ``capacity`` bytes holding the files under ``root`` (plus
+    ``taken`` bytes of other writers), in place of ``os.statvfs``: the free space
+    shrinks as files grow, and no other process's writes move it."""
 
+    def __init__(self, root: Path, capacity: int) -> None:
+        self.root, self.capacity, self.taken = root, capacity, 0
+
+    def used(self) -> int:
+        return self.taken + sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())
+
+    def statvfs(self, path: Any) -> SimpleNamespace:
+        assert Path(path).exists()  # the nearest existing directory is read
+        return SimpleNamespace(f_bavail=(self.capacity - self.used()) // 4096, f_bsize=4096)
+
+
+@pytest.fixture
+def disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Disk:
+    fake = Disk(tmp_path, 16 * MIB)
+    monkeypatch.setattr(os, "statvfs", fake.statvfs)
+    return fake
+
+
+def test_the_storage_default_is_three_quarters_of_the_free_disk(tmp_path: Path, disk: Disk) -> None:
     for directory in (tmp_path, tmp_path / "not" / "made" / "yet"):
-        before = expected()
-        assert before - MIB <= disk_available(directory) <= expected() + MIB
+        assert disk_available(directory) == 16 * MIB // 4 * 3
     assert not (tmp_path / "not").exists()  # nothing is made to read it
+    disk.taken = 4 * MIB
+    assert default_max_storage(tmp_path, memory_only=False) == 12 * MIB // 4 * 3
     assert default_max_storage(None, memory_only=False) == 1024**4  # no local disk: 1 TiB
-    assert default_max_storage(tmp_path, memory_only=True) == default_max_memory()
+    # A store in RAM: "file" streams get the other half of the RAM's share.
+    assert default_max_storage(tmp_path, memory_only=True) == default_max_memory() // 2
 
 
-def test_unset_sizes_are_worked_out_from_the_store(tmp_path: Path) -> None:
+def test_the_store_s_own_files_count_as_available(tmp_path: Path, disk: Disk) -> None:
+    # nats-server takes the free disk alone; a store holding data would get a smaller
+    # bound on each restart (none at all once it holds 3/4 of the disk).
+    def bound() -> int:
+        return jetstream_limits(ServerConfig(store=f"sqlite:{tmp_path}")).max_storage
+
+    first = bound()
+    assert first == 16 * MIB // 4 * 3
+    (tmp_path / DB_FILENAME).write_bytes(b"d" * 9 * MIB)  # its data and free pages
+    (tmp_path / (DB_FILENAME + WAL_SUFFIX)).write_bytes(b"w" * 3 * MIB)
+    assert bound() == first  # a restart: the same bound
+    (tmp_path / "other").write_bytes(b"o" * 2 * MIB)  # others' files take room
+    assert bound() == 14 * MIB // 4 * 3
+    # A store directory not made yet holds nothing of its own.
+    sub = ServerConfig(store=f"sqlite://{tmp_path}/sub")
+    assert jetstream_limits(sub).max_storage == 2 * MIB // 4 * 3
+
+
+def test_unset_sizes_are_worked_out_from_the_store(tmp_path: Path, disk: Disk) -> None:
     ram = default_max_memory()
-    for store, storage in [
-        (f"sqlite:{tmp_path}", disk_available(tmp_path)),
-        (f"sqlite://{tmp_path}/sub", disk_available(tmp_path)),
-        ("memory", ram),  # every stream lives in RAM
-        ("postgresql://u@h/db", 1024**4),
+    for store, memory, storage in [
+        (f"sqlite:{tmp_path}", ram, 12 * MIB),
+        (f"sqlite://{tmp_path}/sub", ram, 12 * MIB),
+        # Every stream lives in RAM: the two share nats-server's 3/4 of it.
+        ("memory", ram // 2, ram // 2),
+        ("postgresql://u@h/db", ram, 1024**4),
     ]:
         limits = jetstream_limits(ServerConfig(store=store))
-        assert limits.max_memory == ram
-        assert abs(limits.max_storage - storage) <= MIB
+        assert (limits.max_memory, limits.max_storage) == (memory, storage)
         assert limits.sized
         assert limits.report() == {"default_max_consumers": 1000}
+    limits = jetstream_limits(ServerConfig(store="memory"))
+    assert limits.max_memory + limits.max_storage <= ram
     # Set sizes stay as set, 0 included.
     limits = jetstream_limits(ServerConfig(max_memory_store=0, max_file_store=5))
     assert (limits.max_memory, limits.max_storage) == (0, 5)
+    limits = jetstream_limits(ServerConfig(store="memory", max_memory_store=ram))
+    assert (limits.max_memory, limits.max_storage) == (ram, ram // 2)
 
 
 def test_the_bounds_are_logged_as_nats_server_logs_them() -> None:

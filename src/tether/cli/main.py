@@ -188,7 +188,8 @@ def serve(
         int | None,
         typer.Option(
             help='Bytes the streams with storage "file" may hold '
-            "(-1: nats-server's default, 75 % of the free disk)."
+            "(-1: nats-server's default, 75 % of the free disk, the store's files "
+            "counted as free)."
         ),
     ] = None,
     server_name: Annotated[str | None, typer.Option(help="Server name reported in INFO.")] = None,

@@ -16,13 +16,17 @@ Sizes a server's configuration leaves unset are nats-server's dynamic defaults
 (``dynJetStreamConfig``), worked out once at start: 3/4 of the machine's RAM for
 ``max_memory`` and 3/4 of the disk space left where the store lives for ``max_storage``
 (:func:`default_max_memory`, :func:`default_max_storage`). A server enforces those
-exactly as configured bounds. A :class:`ServerLimits` built without sizes (an engine
-on its own) has no bound: -1.
+exactly as configured bounds. Two differences, both because Tether keeps every stream
+in one store: the store's own files count as space left (else each restart of a store
+holding data would shrink its bound), and a store kept in RAM gives each unset size
+half of nats-server's figure (both kinds of stream live in the same RAM). A
+:class:`ServerLimits` built without sizes (an engine on its own) has no bound: -1.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,18 +50,23 @@ def system_memory() -> int:
         return 0
 
 
-def default_max_memory(memory: int | None = None) -> int:
+def default_max_memory(memory: int | None = None, memory_only: bool = False) -> int:
     """nats-server's ``max_memory`` when none is set: 3/4 of ``memory`` (the machine's
-    RAM unless given), rounded as it rounds (a quarter first); 256 MiB when unknown."""
+    RAM unless given), rounded as it rounds (a quarter first); 256 MiB when unknown.
+    With ``memory_only`` (a store kept in RAM, holding the "file" streams there too)
+    half of it, the other half being ``max_storage``'s: together they stay within
+    nats-server's 3/4 of the RAM rather than 1.5 times it."""
     if memory is None:
         memory = system_memory()
-    return memory // 4 * 3 if memory > 0 else FALLBACK_MEMORY
+    bound = memory // 4 * 3 if memory > 0 else FALLBACK_MEMORY
+    return bound // 2 if memory_only else bound
 
 
-def disk_available(directory: str | os.PathLike[str]) -> int:
+def disk_available(directory: str | os.PathLike[str], own: int = 0) -> int:
     """nats-server's ``diskAvailable``: 3/4 of the bytes an unprivileged writer may
     still put on the file system holding ``directory`` (the nearest existing parent
-    when it is not made yet); 1 TiB when that cannot be read."""
+    when it is not made yet), ``own`` bytes added to them; 1 TiB when that cannot be
+    read."""
     path = Path(directory).absolute()
     while not path.exists() and path != path.parent:
         path = path.parent
@@ -65,19 +74,37 @@ def disk_available(directory: str | os.PathLike[str]) -> int:
         fs = os.statvfs(path)
     except (AttributeError, OSError):  # no statvfs on this platform, or unreadable
         return FALLBACK_STORAGE
-    return fs.f_bavail * fs.f_bsize // 4 * 3
+    return (fs.f_bavail * fs.f_bsize + own) // 4 * 3
 
 
-def default_max_storage(directory: str | os.PathLike[str] | None, memory_only: bool) -> int:
+def files_size(paths: Iterable[str | os.PathLike[str]]) -> int:
+    """The bytes the files among ``paths`` take (those missing or unreadable: none)."""
+    total = 0
+    for path in paths:
+        try:
+            total += os.stat(path).st_size
+        except OSError:
+            continue
+    return total
+
+
+def default_max_storage(
+    directory: str | os.PathLike[str] | None,
+    memory_only: bool,
+    store_files: Iterable[str | os.PathLike[str]] = (),
+) -> int:
     """nats-server's ``max_storage`` when none is set, for a store kept in
-    ``directory``: :func:`disk_available` there. A store kept in memory holds the
-    "file" streams in RAM too, so they get the RAM's share (:func:`default_max_memory`);
-    a store elsewhere (no local directory) gets nats-server's 1 TiB guess."""
+    ``directory``: :func:`disk_available` there, the ``store_files`` counted as
+    available too. nats-server counts only the free space; here the store's own files
+    count as well, so that a restart finds the same bound rather than one smaller by
+    what the store already holds. A store kept in memory holds the "file" streams in
+    RAM: they get the other half of the RAM's share (:func:`default_max_memory`); a
+    store elsewhere (no local directory) gets nats-server's 1 TiB guess."""
     if memory_only:
-        return default_max_memory()
+        return default_max_memory(memory_only=True)
     if directory is None:
         return FALLBACK_STORAGE
-    return disk_available(directory)
+    return disk_available(directory, files_size(store_files))
 
 
 def memory_exceeded() -> ApiError:

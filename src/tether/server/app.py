@@ -525,14 +525,19 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
 def jetstream_limits(cfg: ServerConfig) -> ServerLimits:
     """The engine's JetStream limits from the settings (nats-server's jetstream block),
     the sizes left unset (-1) worked out as nats-server works them out: from the RAM
-    and from the disk holding the store, once, at start."""
+    and from the disk holding the store, once, at start (the store's own files
+    counted as free, and the RAM's share halved between the two for a store in
+    memory: see engine/limits.py)."""
     ns = 1_000_000_000
+    memory_only = cfg.store == "memory"
     max_memory = cfg.max_memory_store
     if max_memory < 0:
-        max_memory = default_max_memory()
+        max_memory = default_max_memory(memory_only=memory_only)
     max_storage = cfg.max_file_store
     if max_storage < 0:
-        max_storage = default_max_storage(_store_directory(cfg.store), cfg.store == "memory")
+        directory = _store_directory(cfg.store)
+        files = () if directory is None else _store_files(directory)
+        max_storage = default_max_storage(directory, memory_only, files)
     return ServerLimits(
         max_memory=max_memory,
         max_storage=max_storage,
@@ -546,6 +551,15 @@ def jetstream_limits(cfg: ServerConfig) -> ServerLimits:
         batch_max_msgs=cfg.js_batch_max_msgs,
         batch_timeout_ns=round(cfg.js_batch_timeout * ns),
     )
+
+
+def _store_files(directory: str) -> list[Path]:
+    """The files a ``sqlite:DIR`` store keeps there: its database and its write-ahead
+    log (their bytes are the store's to reuse, so they count as available)."""
+    from tether.storage.sqlite import DB_FILENAME, WAL_SUFFIX  # a SQLite store's names
+
+    database = Path(directory) / DB_FILENAME
+    return [database, database.with_name(DB_FILENAME + WAL_SUFFIX)]
 
 
 def _store_directory(url: str) -> str | None:

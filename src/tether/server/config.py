@@ -107,7 +107,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # -- JetStream limits: nats-server's jetstream block (docs/configuration.md) ----------------
     # Bytes the streams with storage "memory" / "file" may hold, counted as nats-server
     # counts each (every stream lives in the store); 0: none may be stored; -1: nats-server's
-    # default, worked out at start (3/4 of the RAM / of the free disk of the store).
+    # default, worked out at start (3/4 of the RAM / of the free disk of the store, its
+    # files counted as free; 3/8 of the RAM each for a store in memory).
     max_memory_store: Annotated[int, msgspec.Meta(ge=-1)] = -1
     max_file_store: Annotated[int, msgspec.Meta(ge=-1)] = -1
     # nats-server's jetstream.limits (0: its defaults, no cap)
