@@ -228,6 +228,53 @@ async def test_atomic_batches_on_streams_whose_limits_evict_or_refuse(peers: Pee
         assert await stored(peers.tether, name) == await stored(peers.nats, name)
 
 
+async def test_atomic_batches_are_republished(peers: Peers) -> None:
+    """A stream with ``republish`` republishes every message of a stored batch (with
+    its batch headers and its subject's previous sequence), none of a refused one."""
+    create = {
+        "name": "RP",
+        "subjects": ["rp.>"],
+        "allow_atomic": True,
+        "max_msgs": 4,
+        "republish": {"src": ">", "dest": "out.>"},
+    }
+    steps: list[Step] = [
+        ("$JS.API.STREAM.CREATE.RP", create, None),
+        ("rp.a", b"0", None),
+        ("rp.a", b"1", batch("r1", 1)),
+        ("rp.b", b"2", batch("r1", 2)),
+        ("rp.a", b"3", batch("r1", 3, "1")),
+        ("rp.a", b"4", batch("r2", 1, **{"Nats-Msg-Id": "i4"})),
+        ("rp.a", b"5", batch("r2", 2, **{"Nats-Msg-Id": "i5"})),
+        ("rp.a", b"d", batch("r2", 3, "eob")),
+        ("rp.a", b"x", batch("r3", 1, "1", **{"Nats-Msg-Id": "i4"})),  # refused
+        ("rp.b", b"6", batch("r4", 1, **{"Nats-Expected-Last-Sequence": "6"})),
+        ("rp.b", b"7", batch("r4", 2, "1")),
+    ]
+
+    async def republished(url: str) -> list[Any]:
+        nc = await nats.connect(url)
+        got: list[Any] = []
+
+        async def heard(msg: Any) -> None:
+            head = {k: v for k, v in (msg.headers or {}).items() if k != "Nats-Time-Stamp"}
+            got.append((msg.subject, head, msg.data))
+
+        try:
+            await nc.subscribe("out.>", cb=heard)
+            await nc.flush()
+            await run(url, steps)
+            await nc.flush()
+            await asyncio.sleep(0.3)
+        finally:
+            await nc.close()
+        return got
+
+    ours = await republished(peers.tether)
+    assert ours == await republished(peers.nats)
+    assert len(ours) == 8
+
+
 async def test_schedules_and_api_levels_in_atomic_batches(peers: Peers) -> None:
     config = {"name": "AS", "subjects": ["as.>"], "allow_atomic": True, "allow_msg_schedules": True}
     at = _at(4)  # after both servers' steps: its firing does not shift their sequences

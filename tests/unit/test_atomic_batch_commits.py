@@ -7,8 +7,8 @@ duplicate window), the stream's limits applied once after it (evicting what
 appending the messages one by one would have), ``discard: new`` refusing it whole.
 Each plan is published twice, once with every batch committed message by message
 (the path a batch with other checked headers takes), and everything is compared:
-the answers, the transactions, what is stored, the stream's index, its dedup window
-and last msg id.
+the answers, the transactions, what is stored, the stream's index, its dedup window,
+last msg id and what it republishes.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ CONFIGS = st.fixed_dictionaries(
         "max_msg_size": st.integers(90, 140),
         "duplicate_window": st.sampled_from([5_000_000_000, 60_000_000_000]),
         "storage": st.sampled_from(["file", "memory"]),
+        "republish": st.just({"src": ">", "dest": "rp.>"}),
     },
 ).map(
     # discard_new_per_subject needs discard new and a subject limit.
@@ -119,6 +120,8 @@ async def _publish(config: dict[str, Any], plan: list[Any]) -> Any:
     await store.open()
     clock = FakeClock()
     broker = Broker(store, clock)
+    republished: list[tuple[str, bytes, bytes]] = []
+    broker.republisher.sink = lambda *out: republished.append(out)
     await broker.load()
     cfg = {"name": "S", "subjects": ["s.*"], "allow_atomic": True, **config}
     await broker.create_stream("S", json.dumps(cfg).encode())
@@ -202,6 +205,7 @@ async def _publish(config: dict[str, Any], plan: list[Any]) -> Any:
     }
     broker.close()
     await store.close()
+    state["republished"] = republished
     return sorted(answers, key=lambda a: a[0]), store.commits, stored, state
 
 

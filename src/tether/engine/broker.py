@@ -1354,6 +1354,11 @@ class Broker:
             extra = stream.sizing.overhead(hdrs)
             size = subject_size(subject) + len(hdrs) + len(payload) + extra
             meta = MessageMeta(seq, subject, size, now, priority, extra)
+            if cfg.republish:
+                last_on_subject = stream.last_by_subject(subject) or self._marker_for
+                self.republisher.record(
+                    stream, cfg.republish, seq, subject, hdrs, payload, now, last_on_subject
+                )
             removed += stream.append(meta, msg_id)
             fut = self.store.append(name, msg)
             if removed:
@@ -1440,14 +1445,25 @@ class Broker:
             if cfg.max_bytes > 0 and st.bytes + sum(sizes) > cfg.max_bytes:
                 raise errors.store_failed("maximum bytes exceeded")
         evicted: list[int] = []
-        if cfg.max_msgs_per_subject > 0:
+        if cfg.max_msgs_per_subject > 0 or cfg.republish:
             # A subject's limit evicts that subject's oldest, which the stream-wide
-            # limits may have evicted already: indexed one message at a time, as
-            # publishes one by one are (still stored as one run).
+            # limits may have evicted already, and a republished message tells the
+            # last sequence of its subject before it: indexed one message at a time,
+            # as publishes one by one are (still stored as one run).
             first = stream.last_seq + 1
-            for seq, s, size, msg_id in zip(
-                range(first, first + n), subjects, sizes, ids or [""] * n, strict=True
+            republish = cfg.republish
+            for seq, s, h, p, size, msg_id in zip(
+                range(first, first + n),
+                subjects,
+                headers,
+                payloads,
+                sizes,
+                ids or [""] * n,
+                strict=True,
             ):
+                if republish:
+                    last_on_subject = stream.last_by_subject(s) or self._marker_for
+                    self.republisher.record(stream, republish, seq, s, h, p, now, last_on_subject)
                 evicted += stream.append(MessageMeta(seq, s, size, now, 0, extra), msg_id)
             evicted.sort()
         else:
