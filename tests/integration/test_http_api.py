@@ -480,3 +480,23 @@ def test_webhook_broker_ini_config(tmp_path: Path) -> None:
         assert all(
             c["Token"] == "" for c in seed["Consumers"] + seed["Channels"] + seed["Producers"]
         )
+
+
+def test_past_the_size_bound_a_broadcast_answers_503() -> None:
+    """Channels are streams: past the server's bound for them (``max_file_store``, by
+    default 3/4 of the free disk) a broadcast is refused with 503 and the reason."""
+    with (
+        run_server(store="memory", args=["--max-file-store", "250"]) as srv,
+        httpx.Client(base_url=srv.http_url) as http,
+    ):
+        ch, headers = setup_channel(http)
+        url = f"/channel/{ch}/broadcast"
+        headers["Content-Type"] = "application/json"
+        r = http.post(url, headers=headers, content=b'{"n": 1}')
+        assert r.status_code == 201
+        # The message that crosses the bound is stored, the next ones are refused.
+        answers = [http.post(url, headers=headers, content=b"x" * 300) for _ in range(3)]
+        refused = [r for r in answers if r.status_code != 201]
+        assert refused and len(answers) - len(refused) <= 1
+        for r in refused:
+            assert (r.status_code, r.text) == (503, "insufficient resources")

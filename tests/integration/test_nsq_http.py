@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -498,3 +499,35 @@ def test_an_answered_publish_survives_a_kill() -> None:
         doc = httpx.get(f"{srv.http_url}/stats", params={"format": "json"}).json()
         (t,) = [t for t in doc["topics"] if t["topic_name"] == name]
         assert t["depth"] == 100
+
+
+def test_past_the_size_bound_pub_answers_503_pub_failed() -> None:
+    """Topics are streams: past the server's bound for them (``max_file_store``, by
+    default 3/4 of the free disk) ``/pub`` and ``/mpub`` answer nsqd's 503
+    ``PUB_FAILED``, where nsqd itself would take the message."""
+    with run_server(store="memory", args=["--max-file-store", "250"]) as srv:
+        url = f"{srv.http_url}/pub"
+        # Each message counts 100 + its subject + 30 bytes: the second crosses 250.
+        for _ in range(2):
+            r = httpx.post(url, params={"topic": "bounded"}, content=b"x" * 100)
+            assert (r.status_code, r.text) == (200, "OK")
+        r = httpx.post(url, params={"topic": "bounded"}, content=b"x")
+        assert (r.status_code, r.json()) == (503, {"message": "PUB_FAILED"})
+        r = httpx.post(f"{srv.http_url}/mpub", params={"topic": "other"}, content=b"a\nb")
+        assert (r.status_code, r.json()) == (503, {"message": "PUB_FAILED"})
+        # A deferred publish is kept (durably) and waits for room rather than being lost.
+        r = httpx.post(url, params={"topic": "bounded", "defer": "100"}, content=b"later")
+        assert (r.status_code, r.text) == (200, "OK")
+        time.sleep(1.5)  # due, refused, tried again each second
+        assert depth(srv, "bounded") == 2
+        assert httpx.post(f"{srv.http_url}/topic/empty", params={"topic": "bounded"}).is_success
+        deadline = time.monotonic() + 5
+        while depth(srv, "bounded") != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert depth(srv, "bounded") == 1
+
+
+def depth(srv: RunningServer, topic: str) -> int:
+    doc = httpx.get(f"{srv.http_url}/stats", params={"format": "json"}).json()
+    (t,) = [t for t in doc["topics"] if t["topic_name"] == topic]
+    return int(t["depth"])

@@ -375,3 +375,26 @@ async def test_ephemeral_channel_vanishes_with_its_last_client(server: RunningSe
 async def _consumers(js: nats.js.JetStreamContext, stream: str):  # type: ignore[no-untyped-def]
     for info in await js.consumers_info(stream):
         yield info
+
+
+async def test_past_the_size_bound_pub_fails_with_e_pub_failed() -> None:
+    """Topics are streams: past the server's bound for them (``max_file_store``, by
+    default 3/4 of the free disk) a PUB is refused with nsqd's fatal E_PUB_FAILED and
+    the reason, and the connection closed, where nsqd itself would take it."""
+    args = ["--nsq-port", "-1", "--max-file-store", "250"]
+    with run_server(store="memory", args=args) as srv:
+        c = await Client.connect(srv)
+        name = topic()
+        # Each message counts 100 + its subject + 30 bytes: the second crosses 250.
+        for _ in range(2):
+            await c.send(commands.pub(name, b"x" * 100))
+            assert await c.next() == ok()
+        await c.send(commands.pub(name, b"x"))
+        assert await c.next() == err(b"E_PUB_FAILED PUB failed insufficient resources")
+        assert await c.closed()
+        # Reading what is stored still works.
+        c = await Client.connect(srv)
+        await c.subscribe(name, "ch", rdy=5)
+        frames = [await c.next() for _ in range(2)]
+        assert all(frame.frame_type == FRAME_MESSAGE for frame in frames)
+        c.close()

@@ -38,6 +38,7 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(_Record).decode
 
 # Publishes a body to a topic (creating the topic if needed); done in the caller's tick.
+# The publish raises when it is refused at once.
 Publisher = Callable[[str, bytes], Awaitable[Callable[[], None]]]
 
 
@@ -101,12 +102,13 @@ class DeferredPublishes:
     async def _release(self, name: str, entry: _Record) -> None:
         try:
             publish = await self._publish(entry.topic, entry.body)
-        except Exception as exc:  # the topic could not be created: try again later
+            # Refused (the server's size bound reached): raises, its record kept.
+            publish()
+        except Exception as exc:  # no topic, or no room for the message: later
             log.error("deferred message for %s: %s; retrying in 1s", entry.topic, exc)
             heapq.heappush(self._due, (self.clock.now() + NS, name, entry))
             self._arm()
             return
-        publish()
         try:
             await self.store.delete_consumer(DEFERRED_STREAM, name)
         except StorageError as exc:

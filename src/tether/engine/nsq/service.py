@@ -30,8 +30,9 @@ from typing import Any
 
 import msgspec
 
-from tether.engine.broker import Broker
+from tether.engine.broker import Broker, PubAck
 from tether.engine.consumers import Consumer, ConsumerConfig, ConsumerRegistry
+from tether.engine.errors import ApiError
 from tether.engine.nsq.channel import Channel
 from tether.engine.nsq.deferred import DeferredPublishes
 from tether.engine.nsq.member import Member, MessageSink
@@ -328,7 +329,13 @@ class NsqService:
         subject = self.topics[topic_name].subject
 
         def publish() -> None:
-            self.broker.publish(stream, subject, None, body, None)
+            # A refusal (the server's size bound reached) is told at once: raised, so
+            # the deferred message waits and is tried again rather than dropped.
+            refused: list[PubAck | ApiError] = []
+            self.broker.publish(stream, subject, None, body, refused.append)
+            if refused and isinstance(refused[0], ApiError):
+                raise refused[0]
+            refused.clear()
 
         return publish
 
