@@ -229,15 +229,17 @@ KEYS: tuple[Key, ...] = (
         "max_memory_store max_mem_store max_mem",
         "`max_memory_store`: bytes the streams with `storage: memory` may hold, counted as "
         "nats-server counts memory (they live in the store like every stream); a negative "
-        "size is nats-server's default, 75 % of the RAM, as when the key is absent",
+        "size is the default, as when the key is absent: 75 % of the RAM as nats-server "
+        "(with `--store memory`, 3/8: file streams live in RAM too)",
         r.store_size("max_memory_store"),
     ),
     _mapped(
         _JS,
         "max_file_store max_file",
         "`max_file_store`: bytes the streams with `storage: file` may hold, counted as "
-        "nats-server counts its files; a negative size is nats-server's default, 75 % of "
-        "the free disk where the store lives, as when the key is absent",
+        "nats-server counts its files; a negative size is the default, as when the key is "
+        "absent: 75 % of the free disk where the store lives, as nats-server, with the "
+        "store's own files counted as free (3/8 of the RAM with `--store memory`)",
         r.store_size("max_file_store"),
     ),
     _warn(_JS, "domain", "JetStream domains are not supported: the API stays on $JS.API"),
