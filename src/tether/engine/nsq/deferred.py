@@ -40,6 +40,7 @@ _decode = msgspec.msgpack.Decoder(_Record).decode
 # Publishes a body to a topic (creating the topic if needed); done in the caller's tick.
 # The publish raises when it is refused at once.
 Publisher = Callable[[str, bytes], Awaitable[Callable[[], None]]]
+LOG_EVERY_NS = 10 * NS  # at most one line about failed releases per 10 s
 
 
 class DeferredPublishes:
@@ -54,6 +55,10 @@ class DeferredPublishes:
         self._timer_at = 0
         self._counter = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Failed releases since the last line about them: a full store refuses every
+        # due message once a second, which must not become a line each.
+        self._failed = 0
+        self._failed_logged_ns = -LOG_EVERY_NS
 
     def __len__(self) -> int:
         return len(self._due)
@@ -105,7 +110,16 @@ class DeferredPublishes:
             # Refused (the server's size bound reached): raises, its record kept.
             publish()
         except Exception as exc:  # no topic, or no room for the message: later
-            log.error("deferred message for %s: %s; retrying in 1s", entry.topic, exc)
+            self._failed += 1
+            now = self.clock.now()
+            if now - self._failed_logged_ns >= LOG_EVERY_NS:
+                log.error(
+                    "deferred message for %s: %s; retrying in 1s (%d failed since the last line)",
+                    entry.topic,
+                    exc,
+                    self._failed,
+                )
+                self._failed, self._failed_logged_ns = 0, now
             heapq.heappush(self._due, (self.clock.now() + NS, name, entry))
             self._arm()
             return
