@@ -491,9 +491,13 @@ class Stream:
         for a stream without ``max_msgs_per_subject``: ``max_msgs`` and ``max_bytes``
         each keep the newest messages that fit, so applying them once after the run
         keeps what applying them after each message would have kept."""
+        return self._evict_past_totals([])
+
+    def _evict_past_totals(self, evicted: list[int]) -> list[int]:
+        """Remove the oldest messages while ``max_msgs`` or ``max_bytes`` is exceeded,
+        adding their sequences to ``evicted``, which is returned."""
         cfg = self.config
         st = self.state
-        evicted: list[int] = []
         if cfg.max_msgs > 0:
             while st.msgs > cfg.max_msgs:
                 evicted.append(st.first_seq)
@@ -538,22 +542,13 @@ class Stream:
 
     def _enforce_limits(self, subject: str) -> list[int]:
         cfg = self.config
-        st = self.state
         evicted: list[int] = []
         if cfg.max_msgs_per_subject > 0:
             dq = self._by_subject[subject]
             while len(dq) > cfg.max_msgs_per_subject:
                 evicted.append(dq[0])
                 self.remove(dq[0])
-        if cfg.max_msgs > 0:
-            while st.msgs > cfg.max_msgs:
-                evicted.append(st.first_seq)
-                self.remove(st.first_seq)
-        if cfg.max_bytes > 0:
-            while st.bytes > cfg.max_bytes and st.msgs:
-                evicted.append(st.first_seq)
-                self.remove(st.first_seq)
-        return evicted
+        return self._evict_past_totals(evicted)
 
     def enforce_limits(self) -> list[int]:
         """Apply the limits everywhere (after a configuration update or a reload)."""
