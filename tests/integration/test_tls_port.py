@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import socket
 import ssl
@@ -134,8 +135,10 @@ def test_the_oldest_waiting_connection_makes_room(run: Run, nsq_certs: dict[str,
 
     async def body() -> None:
         async with tls_port_on(nsq_certs, wait=30, max_pending=4) as port:
-            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(10)]
-            idle[0][1].write(b"\x16\x03\x01\x02\x00\x01")  # in its handshake: half a hello
+            first = await asyncio.open_connection("127.0.0.1", port)
+            first[1].write(b"\x16\x03\x01\x02\x00\x01")  # in its handshake: half a hello
+            await asyncio.sleep(0.2)  # handed to the TLS transport, waiting for the rest
+            idle = [first, *[await asyncio.open_connection("127.0.0.1", port) for _ in range(9)]]
             await asyncio.sleep(0.2)
             for reader, _ in idle[:6]:
                 assert await closed(reader, 2)
@@ -148,6 +151,29 @@ def test_the_oldest_waiting_connection_makes_room(run: Run, nsq_certs: dict[str,
             assert await asyncio.wait_for(reader.readexactly(2), 5) == b"in"
             for _, w in [*idle, (reader, writer)]:
                 w.close()
+
+    run(body())
+
+
+def test_a_burst_past_the_limit_leaves_no_socket_open(run: Run, nsq_certs: dict[str, str]) -> None:
+    """Connections already waiting are accepted in a row, without a turn of the loop
+    between them: the ones closed to make room have tasks that never ran."""
+
+    async def body() -> None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(nsq_certs["cert"], nsq_certs["key"])
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        sock.setblocking(False)
+        clients = [socket.create_connection(sock.getsockname()) for _ in range(10)]
+        port = TlsPort(sock, context, Echo, timeout=5.0, max_pending=2)
+        port.start()
+        await asyncio.sleep(0.3)
+        await port.stop()
+        for client in clients:
+            client.close()
+        gc.collect()  # an unclosed socket would warn here (filterwarnings = error)
 
     run(body())
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import ssl
@@ -121,6 +122,8 @@ class TlsPort:
         self._max_pending = max(1, max_pending)
         # Connections not yet handed over, oldest first (a dict keeps the order).
         self._pending: dict[asyncio.Task[None], None] = {}
+        # Those whose socket a TLS transport owns: it closes it, never this class.
+        self._handed: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._accept_failed = _Warning("https: accept failed: %s", _WARN_EVERY)
         self._crowded = _Warning(
@@ -163,10 +166,16 @@ class TlsPort:
                 self._crowded(self._max_pending)
             task = asyncio.create_task(self._greet(conn))
             self._pending[task] = None
-            task.add_done_callback(self._forget)
+            task.add_done_callback(functools.partial(self._forget, conn))
 
-    def _forget(self, task: asyncio.Task[None]) -> None:
+    def _forget(self, conn: socket.socket, task: asyncio.Task[None]) -> None:
         self._pending.pop(task, None)
+        if task in self._handed:
+            self._handed.discard(task)
+        else:
+            # Also for a task cancelled before it ever ran (a burst of accepts, or
+            # stop()), whose own cleanup never came: closing twice is harmless.
+            conn.close()
 
     async def _greet(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -182,6 +191,9 @@ class TlsPort:
             kind = first_record(head)
             if kind == "tls":
                 handed_over = True  # the transport owns the socket from here, even failing
+                task = asyncio.current_task()
+                if task is not None:
+                    self._handed.add(task)
                 await self._handshake(conn, max(deadline - loop.time(), 0.001))
                 return
             reply = {"sslv2": SSLV2_ALERT, "http": MISDIRECTED}.get(kind, b"")
