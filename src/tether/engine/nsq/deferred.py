@@ -59,6 +59,10 @@ class DeferredPublishes:
         # due message once a second, which must not become a line each.
         self._failed = 0
         self._failed_logged_ns = -LOG_EVERY_NS
+        # After a failed release, one due message at a time is tried (once a second)
+        # until one goes through: a backlog is not tried whole every second.
+        self._failing = False
+        self._probe_at = 0  # while failing: when the next one is tried
 
     def __len__(self) -> int:
         return len(self._due)
@@ -87,12 +91,20 @@ class DeferredPublishes:
         if not self._due:
             return
         due = self._due[0][0]
+        if self._failing:
+            due = max(due, self._probe_at)
         if self._timer is not None:
             if self._timer_at <= due:
                 return
             self._timer.cancel()
         self._timer_at = due
         self._timer = self.clock.call_later(max(0, due - self.clock.now()) / NS, self._fire)
+
+    def _fire_soon(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = self.clock.now()
+        self._timer = self.clock.call_later(0, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
@@ -102,6 +114,10 @@ class DeferredPublishes:
             task = asyncio.ensure_future(self._release(name, entry))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            if self._failing:
+                # One probe this second; the rest of what is due waits for the next.
+                self._probe_at = now + NS
+                break
         self._arm()
 
     async def _release(self, name: str, entry: _Record) -> None:
@@ -110,6 +126,9 @@ class DeferredPublishes:
             # Refused (the server's size bound reached): raises, its record kept.
             publish()
         except Exception as exc:  # no topic, or no room for the message: later
+            if not self._failing:
+                self._failing = True
+                self._probe_at = self.clock.now() + NS
             self._failed += 1
             now = self.clock.now()
             if now - self._failed_logged_ns >= LOG_EVERY_NS:
@@ -123,6 +142,9 @@ class DeferredPublishes:
             heapq.heappush(self._due, (self.clock.now() + NS, name, entry))
             self._arm()
             return
+        if self._failing:  # through again: the rest of what is due goes too
+            self._failing = False
+            self._fire_soon()
         try:
             await self.store.delete_consumer(DEFERRED_STREAM, name)
         except StorageError as exc:
