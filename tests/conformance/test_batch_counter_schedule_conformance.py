@@ -228,6 +228,45 @@ async def test_atomic_batches_on_streams_whose_limits_evict_or_refuse(peers: Pee
         assert await stored(peers.tether, name) == await stored(peers.nats, name)
 
 
+async def test_atomic_batches_with_discard_new_per_subject(peers: Peers) -> None:
+    """discard new with discard_new_per_subject refuses a batch (10077) when a subject's
+    stored messages and the batch's own for it pass max_msgs_per_subject, none of it
+    stored, for a batch of plain messages as for one with headers its commit checks
+    one message at a time; a rollup passes."""
+    create = {
+        "name": "DP",
+        "subjects": ["dp.>"],
+        "allow_atomic": True,
+        "allow_rollup_hdrs": True,
+        "storage": "memory",
+        "discard": "new",
+        "discard_new_per_subject": True,
+        "max_msgs_per_subject": 2,
+    }
+    here = {"Nats-Expected-Stream": "DP"}  # not a plain batch: checked message by message
+    steps: list[Step] = [
+        ("$JS.API.STREAM.CREATE.DP", create, None),
+        ("dp.a", b"1", batch("p1", 1)),
+        ("dp.a", b"2", batch("p1", 2)),
+        ("dp.a", b"3", batch("p1", 3, "1")),  # three to dp.a in one batch
+        ("dp.a", b"1", batch("p2", 1, **{"Nats-Msg-Id": "i1"})),
+        ("dp.b", b"2", batch("p2", 2, "1", **{"Nats-Msg-Id": "i2"})),
+        ("dp.a", b"3", batch("p3", 1)),
+        ("dp.b", b"4", batch("p3", 2, "1")),
+        ("dp.a", b"5", batch("p4", 1, "1", **{"Nats-Msg-Id": "i3"})),
+        ("dp.d", b"6", {"Nats-Msg-Id": "i3"}),  # the refused batch's id is not kept
+        ("dp.c", b"1", batch("h1", 1, **here)),
+        ("dp.c", b"2", batch("h1", 2, **here)),
+        ("dp.c", b"3", batch("h1", 3, "1", **here)),
+        ("dp.c", b"1", batch("h2", 1, **here)),
+        ("dp.b", b"2", batch("h2", 2, "1", **here)),
+        ("dp.a", b"r", batch("r1", 1, "1", **{"Nats-Rollup": "sub"})),
+        ("$JS.API.STREAM.INFO.DP", {"subjects_filter": ">"}, None),
+    ]
+    await compare(peers, steps)
+    assert await stored(peers.tether, "DP") == await stored(peers.nats, "DP")
+
+
 async def test_atomic_batches_are_republished(peers: Peers) -> None:
     """A stream with ``republish`` republishes every message of a stored batch (with
     its batch headers and its subject's previous sequence), none of a refused one."""

@@ -95,6 +95,11 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 
 
 @pytest.fixture(scope="module")
+def full_for_batches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    yield from pair(tmp_path_factory, FULL_CONF)
+
+
+@pytest.fixture(scope="module")
 def unset(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     yield from pair(tmp_path_factory, UNSET_CONF)
 
@@ -333,6 +338,47 @@ def test_publishes_into_a_full_store(full: Pair) -> None:
         (17, 17 * 122),
         (17 * 122, 8 * 136),
     ]
+
+
+def test_atomic_batches_into_a_full_store(full_for_batches: Pair) -> None:
+    """A batch's commit is checked against the server's bound: nats-server stores its
+    messages until one is refused (10023) and keeps those before it; Tether answers
+    the same error and stores none of them, a batch being all or nothing. Both for a
+    batch of plain messages and for one whose headers are checked one by one."""
+
+    async def scenario(nc: Client, http: str) -> list[Any]:
+        out: list[Any] = []
+        for name, more in (("BP", {}), ("BH", {"Nats-Expected-Stream": "BH"})):
+            config = stream(name, storage="memory", allow_atomic=True)
+            await api(nc, f"$JS.API.STREAM.CREATE.{name}", config)
+            for size in (5, 3):  # 5 x 500 bytes do not fit in 2KB; 3 do
+                for seq in range(1, size + 1):
+                    headers = {"Nats-Batch-Id": f"{name}{size}", "Nats-Batch-Sequence": str(seq)}
+                    if seq == size:
+                        headers["Nats-Batch-Commit"] = "1"
+                    reply = await nc.request(
+                        f"{name.lower()}.a", b"x" * 500, timeout=5, headers={**headers, **more}
+                    )
+                    if reply.data:
+                        out.append(json.loads(reply.data))
+                info = await api(nc, f"$JS.API.STREAM.INFO.{name}")
+                out.append(info["state"]["messages"])
+                await api(nc, f"$JS.API.STREAM.PURGE.{name}")
+            await api(nc, f"$JS.API.STREAM.DELETE.{name}")
+        return out
+
+    tether, peer = asyncio.run(run_both(full_for_batches, scenario))
+    refused = {"code": 503, "err_code": 10023, "description": "insufficient resources"}
+    for name in ("BP", "BH"):
+        expected = [
+            {"error": refused, "stream": name, "seq": 0},
+            0,  # nats-server: 4
+            {"stream": name, "seq": 3, "batch": f"{name}3", "count": 3},
+            3,
+        ]
+        assert tether[:4] == expected
+        assert peer[:4] == [expected[0], 4, {**expected[2], "seq": 7}, 3]
+        tether, peer = tether[4:], peer[4:]
 
 
 def test_unset_sizes_are_nats_servers_defaults_and_enforced(unset: Pair) -> None:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from tether.engine.broker import Broker, PubAck
 from tether.engine.clock import FakeClock
 from tether.engine.errors import ApiError
+from tether.engine.limits import ServerLimits
 from tether.engine.streams import batches
 from tether.engine.streams.batches import BATCH_ID
 from tether.storage.base import StorageError
@@ -115,11 +116,17 @@ CONFIGS = st.fixed_dictionaries(
 )
 
 
-async def _publish(config: dict[str, Any], plan: list[Any]) -> Any:
+# The server's bound for each storage (None: unbounded), which a commit checks too.
+BOUNDS = st.sampled_from([None, None, 950, 1500])  # above any max_bytes it reserves
+
+
+async def _publish(config: dict[str, Any], plan: list[Any], bound: int | None = None) -> Any:
     store = RecordingStore()
     await store.open()
     clock = FakeClock()
     broker = Broker(store, clock)
+    if bound is not None:
+        broker.set_limits(ServerLimits(max_memory=bound, max_storage=bound))
     republished: list[tuple[str, bytes, bytes]] = []
     broker.republisher.sink = lambda *out: republished.append(out)
     await broker.load()
@@ -209,20 +216,20 @@ async def _publish(config: dict[str, Any], plan: list[Any]) -> Any:
     return sorted(answers, key=lambda a: a[0]), store.commits, stored, state
 
 
-def _per_message(config: dict[str, Any], plan: list[Any]) -> Any:
+def _per_message(config: dict[str, Any], plan: list[Any], bound: int | None = None) -> Any:
     # Every batch's first message holds Nats-Batch-Id: counting it among the headers
     # the commit checks one by one sends every batch down that path.
     with mock.patch.object(batches, "CHECKED", batches.CHECKED | {BATCH_ID}):
-        return asyncio.run(_publish(config, plan))
+        return asyncio.run(_publish(config, plan, bound))
 
 
 @settings(max_examples=150, deadline=None)
-@given(CONFIGS, TICKS)
+@given(CONFIGS, TICKS, BOUNDS)
 def test_a_batch_committed_as_a_run_is_a_batch_committed_message_by_message(
-    config: dict[str, Any], plan: list[Any]
+    config: dict[str, Any], plan: list[Any], bound: int | None
 ) -> None:
-    as_run = asyncio.run(_publish(config, plan))
-    assert as_run == _per_message(config, plan)
+    as_run = asyncio.run(_publish(config, plan, bound))
+    assert as_run == _per_message(config, plan, bound)
 
 
 def _plan(*steps: Any, fails: bool = False) -> list[Any]:
@@ -262,3 +269,43 @@ def test_the_run_path_takes_msg_ids_and_evicting_limits() -> None:
     assert state["last_msg_id"] == ""
     assert answers == sorted(answers, key=lambda a: a[0])
     assert _per_message(config, plan) == (answers, commits, stored, state)
+
+
+def test_discard_new_per_subject_and_the_server_bound_refuse_a_batch_whole() -> None:
+    """Past a subject's limit with ``discard_new_per_subject`` (10077), or past the
+    server's bound for the storage (10023, checked last), a batch is refused whole on
+    either path: nothing stored, its ids not remembered."""
+    config = {"max_msgs_per_subject": 2, "discard": "new", "discard_new_per_subject": True}
+    plan = _plan(
+        ("batch", ([("s.a", "a", 1, False), ("s.b", None, 1, False)], "1")),
+        (
+            "batch",
+            ([("s.b", None, 1, False), ("s.a", "b", 1, False), ("s.a", None, 1, False)], "1"),
+        ),  # s.a: 3
+        (
+            "batch",
+            ([("s.b", "c", 300, False), *[("s.b", None, 300, False)] * 2], "1"),
+        ),  # s.b: 4, and past the bound
+        (
+            "batch",
+            ([("s.c", "d", 300, False), ("s.c", None, 300, False), ("s.d", None, 300, False)], "1"),
+        ),  # past the bound only
+        ("batch", ([("s.a", "e", 30, False)], "1")),
+    )
+    per_subject = ApiError(503, 10077, "maximum messages per subject exceeded").to_dict()
+    full = ApiError(503, 10023, "insufficient resources").to_dict()
+    run_path = Broker._append_plain_batch
+    with mock.patch.object(Broker, "_append_plain_batch", autospec=True) as as_run:
+        as_run.side_effect = run_path
+        answers, commits, stored, state = asyncio.run(_publish(config, plan, 1000))
+    assert as_run.call_count == 5
+    assert [a for _, a in answers] == [
+        PubAck("S", 2, batch="b1", count=2),
+        per_subject,
+        per_subject,
+        full,
+        PubAck("S", 3, batch="b5", count=1),
+    ]
+    assert [seq for seq, *_ in stored] == [1, 2, 3]
+    assert state["window"] == {"a": 1, "b": 0, "c": 0, "d": 0, "e": 3}
+    assert _per_message(config, plan, 1000) == (answers, commits, stored, state)

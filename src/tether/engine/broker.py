@@ -1264,7 +1264,7 @@ class Broker:
         # Schedules the batch sets and schedules it stops, by its message index.
         schedules: dict[int, sched.Schedule] = {}
         stops: dict[int, str] = {}
-        total_size = 0
+        sizes: list[int] = []
         batch_id = batch.id
         for i, (subject, headers, payload, fields) in enumerate(
             zip(batch.subjects, batch.headers, batch.payloads, batch.fields, strict=True)
@@ -1332,16 +1332,20 @@ class Broker:
                     raise errors.invalid_header("Tether-Priority", PRIORITY_RANGE)
                 priority = parsed
             stream.check_size(len(headers), len(payload))
-            total_size += subject_size(subject) + len(headers) + len(payload)
-            total_size += stream.sizing.overhead(headers)
+            sizes.append(
+                subject_size(subject)
+                + len(headers)
+                + len(payload)
+                + stream.sizing.overhead(headers)
+            )
             written.add(subject)
             prepared.append((subject, headers, payload, msg_id, priority, rollup))
-        if cfg.discard == "new":
-            st = stream.state
-            if cfg.max_msgs > 0 and st.msgs + len(prepared) > cfg.max_msgs:
-                raise errors.store_failed("maximum messages exceeded")
-            if cfg.max_bytes > 0 and st.bytes + total_size > cfg.max_bytes:
-                raise errors.store_failed("maximum bytes exceeded")
+        self._check_batch_limits(
+            stream,
+            [p[0] for p in prepared],
+            sizes,
+            [bool(p[5]) for p in prepared],
+        )
         name = stream.name
         first = stream.last_seq + 1
         fut = None
@@ -1386,6 +1390,55 @@ class Broker:
             tick.waiters.append((target, name, last_seq, replies, False))
         if cfg.max_age and not self._expiry_timer:
             self._schedule_expiry()
+
+    def _check_batch_limits(
+        self,
+        stream: Stream,
+        subjects: list[str],
+        sizes: list[int],
+        rollups: list[bool] | None,
+    ) -> None:
+        """The checks of a whole batch before any of it is stored, in nats-server's order:
+        with ``discard: new``, each message in turn against ``max_msgs``, ``max_bytes``
+        (counting the batch's messages before it) and ``discard_new_per_subject``
+        (rollups pass: they purge the subject); then the server's bound for the
+        stream's storage (10023). Where nats-server stores a batch's messages until one
+        passes its bound and keeps those, the batch is refused whole: a batch is all or
+        nothing. (A stream whose other limits evict during the batch, max_msgs or a
+        subject's, may be refused where nats-server, evicting, would store it whole.)"""
+        cfg = stream.config
+        if cfg.discard == "new":
+            st = stream.state
+            max_msgs, max_bytes = cfg.max_msgs, cfg.max_bytes
+            per_subject = cfg.max_msgs_per_subject if cfg.discard_new_per_subject else 0
+            if per_subject > 0:
+                # Message by message: which limit a message passes first decides the error.
+                counts: dict[str, int] = {}
+                total = st.bytes
+                for i, (subject, size) in enumerate(zip(subjects, sizes, strict=True)):
+                    total += size
+                    if max_msgs > 0 and st.msgs + i + 1 > max_msgs:
+                        raise errors.store_failed("maximum messages exceeded")
+                    if max_bytes > 0 and total > max_bytes:
+                        raise errors.store_failed("maximum bytes exceeded")
+                    count = counts.get(subject)
+                    if count is None:
+                        count = stream.msgs_on(subject)
+                    counts[subject] = count = count + 1
+                    if count > per_subject and not (rollups and rollups[i]):
+                        raise errors.store_failed("maximum messages per subject exceeded")
+            else:
+                if max_msgs > 0 and st.msgs + len(sizes) > max_msgs:
+                    raise errors.store_failed("maximum messages exceeded")
+                if max_bytes > 0 and st.bytes + sum(sizes) > max_bytes:
+                    raise errors.store_failed("maximum bytes exceeded")
+        room = self._room(stream) if self.limits.sized else None
+        if room is not None and not self._fits(stream, room, sizes):
+            # With discard old, max_bytes evicts after each message, so the stream
+            # never holds more than it (or than it held) before the next one.
+            cap = cfg.max_bytes if cfg.discard != "new" and cfg.max_bytes > 0 else -1
+            if cap < 0 or max(cap, stream.state.bytes) > room:
+                raise errors.insufficient_resources()
 
     def _append_plain_batch(
         self,
@@ -1438,12 +1491,7 @@ class Broker:
                 subject_size(s) + len(h) + len(p) + extra
                 for s, h, p in zip(subjects, headers, payloads, strict=True)
             ]
-        if cfg.discard == "new":
-            st = stream.state
-            if cfg.max_msgs > 0 and st.msgs + n > cfg.max_msgs:
-                raise errors.store_failed("maximum messages exceeded")
-            if cfg.max_bytes > 0 and st.bytes + sum(sizes) > cfg.max_bytes:
-                raise errors.store_failed("maximum bytes exceeded")
+        self._check_batch_limits(stream, subjects, sizes, None)
         evicted: list[int] = []
         if cfg.max_msgs_per_subject > 0 or cfg.republish:
             # A subject's limit evicts that subject's oldest, which the stream-wide

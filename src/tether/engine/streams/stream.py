@@ -377,6 +377,11 @@ class Stream:
         if headers_len > 65535:
             raise errors.header_too_large()
 
+    def msgs_on(self, subject: str) -> int:
+        """How many messages the stream holds on ``subject`` (a literal subject)."""
+        dq = self._by_subject.get(subject)
+        return 0 if dq is None else len(dq)
+
     def check_limits_for_new(self, subject: str, size: int, rollup: bool = False) -> None:
         """With ``discard: new``: refuse a message that would exceed a limit.
 
