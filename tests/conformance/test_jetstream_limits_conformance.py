@@ -344,7 +344,8 @@ def test_atomic_batches_into_a_full_store(full_for_batches: Pair) -> None:
     """A batch's commit is checked against the server's bound: nats-server stores its
     messages until one is refused (10023) and keeps those before it; Tether answers
     the same error and stores none of them, a batch being all or nothing. Both for a
-    batch of plain messages and for one whose headers are checked one by one."""
+    batch of plain messages and for one whose headers are checked one by one. What the
+    stream's limits evict as the batch is stored does not count."""
 
     async def scenario(nc: Client, http: str) -> list[Any]:
         out: list[Any] = []
@@ -365,9 +366,22 @@ def test_atomic_batches_into_a_full_store(full_for_batches: Pair) -> None:
                 out.append(info["state"]["messages"])
                 await api(nc, f"$JS.API.STREAM.PURGE.{name}")
             await api(nc, f"$JS.API.STREAM.DELETE.{name}")
+        # A stream whose max_msgs evicts as the batch is stored stays under the bound.
+        config = stream("BE", storage="memory", allow_atomic=True, max_msgs=2)
+        await api(nc, "$JS.API.STREAM.CREATE.BE", config)
+        for seq in range(1, 6):
+            headers = {"Nats-Batch-Id": "BE", "Nats-Batch-Sequence": str(seq)}
+            if seq == 5:
+                headers["Nats-Batch-Commit"] = "1"
+            reply = await nc.request("be.a", b"x" * 500, timeout=5, headers=headers)
+            if reply.data:
+                out.append(json.loads(reply.data))
+        info = await api(nc, "$JS.API.STREAM.INFO.BE")
+        out.append(info["state"]["messages"])
         return out
 
     tether, peer = asyncio.run(run_both(full_for_batches, scenario))
+    assert tether[8:] == peer[8:] == [{"stream": "BE", "seq": 5, "batch": "BE", "count": 5}, 2]
     refused = {"code": 503, "err_code": 10023, "description": "insufficient resources"}
     for name in ("BP", "BH"):
         expected = [
@@ -379,6 +393,7 @@ def test_atomic_batches_into_a_full_store(full_for_batches: Pair) -> None:
         assert tether[:4] == expected
         assert peer[:4] == [expected[0], 4, {**expected[2], "seq": 7}, 3]
         tether, peer = tether[4:], peer[4:]
+    assert tether == peer
 
 
 def test_unset_sizes_are_nats_servers_defaults_and_enforced(unset: Pair) -> None:

@@ -309,3 +309,26 @@ def test_discard_new_per_subject_and_the_server_bound_refuse_a_batch_whole() -> 
     assert [seq for seq, *_ in stored] == [1, 2, 3]
     assert state["window"] == {"a": 1, "b": 0, "c": 0, "d": 0, "e": 3}
     assert _per_message(config, plan, 1000) == (answers, commits, stored, state)
+
+
+def test_what_a_batch_evicts_as_it_is_stored_counts_against_the_server_bound() -> None:
+    """A batch larger than the server's bound fits when the stream's own limits evict
+    enough as its messages are stored (each is checked after the evictions of those
+    before it, as in nats-server)."""
+    big = [("s.a", None, 300, False)] * 5
+    plan = _plan(("batch", (big, "1")))
+    for config, fits in (
+        ({}, False),
+        ({"max_msgs": 2}, True),
+        ({"max_msgs_per_subject": 1}, True),
+        ({"max_bytes": 900}, True),
+    ):
+        as_run = asyncio.run(_publish(config, plan, 1000))
+        assert as_run == _per_message(config, plan, 1000)
+        answers, _, stored, _ = as_run
+        if fits:
+            assert answers == [(1, PubAck("S", 5, batch="b1", count=5))]
+            assert stored
+        else:
+            assert answers == [(1, ApiError(503, 10023, "insufficient resources").to_dict())]
+            assert stored == []

@@ -1344,7 +1344,7 @@ class Broker:
             stream,
             [p[0] for p in prepared],
             sizes,
-            [bool(p[5]) for p in prepared],
+            [p[5] for p in prepared],
         )
         name = stream.name
         first = stream.last_seq + 1
@@ -1396,7 +1396,7 @@ class Broker:
         stream: Stream,
         subjects: list[str],
         sizes: list[int],
-        rollups: list[bool] | None,
+        rollups: list[str] | None,
     ) -> None:
         """The checks of a whole batch before any of it is stored, in nats-server's order:
         with ``discard: new``, each message in turn against ``max_msgs``, ``max_bytes``
@@ -1404,8 +1404,8 @@ class Broker:
         (rollups pass: they purge the subject); then the server's bound for the
         stream's storage (10023). Where nats-server stores a batch's messages until one
         passes its bound and keeps those, the batch is refused whole: a batch is all or
-        nothing. (A stream whose other limits evict during the batch, max_msgs or a
-        subject's, may be refused where nats-server, evicting, would store it whole.)"""
+        nothing. ``rollups``: each message's ``Nats-Rollup`` ("" without), None when
+        none has one."""
         cfg = stream.config
         if cfg.discard == "new":
             st = stream.state
@@ -1434,10 +1434,11 @@ class Broker:
                     raise errors.store_failed("maximum bytes exceeded")
         room = self._room(stream) if self.limits.sized else None
         if room is not None and not self._fits(stream, room, sizes):
-            # With discard old, max_bytes evicts after each message, so the stream
-            # never holds more than it (or than it held) before the next one.
-            cap = cfg.max_bytes if cfg.discard != "new" and cfg.max_bytes > 0 else -1
-            if cap < 0 or max(cap, stream.state.bytes) > room:
+            # It would not fit were nothing evicted; the stream's limits (or a rollup)
+            # may evict as the messages are stored, which nats-server checks each
+            # message after.
+            peak = stream.peak_bytes(subjects, sizes, rollups or [""] * len(sizes))
+            if peak > room:
                 raise errors.insufficient_resources()
 
     def _append_plain_batch(

@@ -382,6 +382,84 @@ class Stream:
         dq = self._by_subject.get(subject)
         return 0 if dq is None else len(dq)
 
+    def peak_bytes(self, subjects: list[str], sizes: list[int], rollups: list[str]) -> int:
+        """The most bytes the stream holds just before one of a run of messages
+        (``subjects[i]``, ``sizes[i]``, ``rollups[i]`` its ``Nats-Rollup`` or "") is
+        appended, were they appended one by one with the stream's limits evicting its
+        oldest as they go: what nats-server checks each message of a batch against the
+        server's bound with. Nothing changes; only the messages evicted are visited."""
+        cfg = self.config
+        evict = cfg.discard != "new"
+        max_msgs = cfg.max_msgs if evict else 0
+        max_bytes = cfg.max_bytes if evict else 0
+        per_subject = cfg.max_msgs_per_subject
+        stored = self._msgs
+        by_subject = self._by_subject
+        first = self.last_seq + 1  # the run's messages take the sequences from here
+        gone: set[int] = set()
+        counts: dict[str, int] = {}
+        order: tuple[Iterator[int], deque[int]] = (iter(self._order), deque())
+        queues: dict[str, tuple[Iterator[int], deque[int]]] = {}
+        msgs, held = self.state.msgs, self.state.bytes
+        peak = held
+
+        def count_on(subject: str) -> int:
+            count = counts.get(subject)
+            return len(by_subject.get(subject, ())) if count is None else count
+
+        def queue_of(subject: str) -> tuple[Iterator[int], deque[int]]:
+            queue = queues.get(subject)
+            if queue is None:
+                queue = queues[subject] = (iter(by_subject.get(subject, ())), deque())
+            return queue
+
+        def oldest(queue: tuple[Iterator[int], deque[int]]) -> int:
+            for seq in queue[0]:
+                if seq in stored and seq not in gone:
+                    return seq
+            while queue[1]:
+                seq = queue[1].popleft()
+                if seq not in gone:
+                    return seq
+            return 0
+
+        def drop(seq: int) -> None:
+            nonlocal msgs, held
+            gone.add(seq)
+            msgs -= 1
+            if seq >= first:
+                subject, size = subjects[seq - first], sizes[seq - first]
+            else:
+                subject, size = stored[seq].subject, stored[seq].size
+            held -= size
+            counts[subject] = count_on(subject) - 1
+
+        for i, (subject, size, rollup) in enumerate(zip(subjects, sizes, rollups, strict=True)):
+            peak = max(peak, held)
+            # A rollup purges what came before it (after it is stored: the same bytes
+            # for the next message).
+            if rollup:
+                queue = order if rollup == "all" else queue_of(subject)
+                while seq := oldest(queue):
+                    drop(seq)
+            seq = first + i
+            msgs += 1
+            held += size
+            counts[subject] = count_on(subject) + 1
+            order[1].append(seq)
+            queue_of(subject)[1].append(seq)
+            while (
+                per_subject > 0
+                and counts[subject] > per_subject
+                and (old := oldest(queue_of(subject)))
+            ):
+                drop(old)
+            while max_msgs > 0 and msgs > max_msgs and (old := oldest(order)):
+                drop(old)
+            while max_bytes > 0 and held > max_bytes and (old := oldest(order)):
+                drop(old)
+        return peak
+
     def check_limits_for_new(self, subject: str, size: int, rollup: bool = False) -> None:
         """With ``discard: new``: refuse a message that would exceed a limit.
 
