@@ -1432,7 +1432,7 @@ class Broker:
                     raise errors.store_failed("maximum messages exceeded")
                 if max_bytes > 0 and st.bytes + sum(sizes) > max_bytes:
                     raise errors.store_failed("maximum bytes exceeded")
-        room = self._room(stream) if self.limits.sized else None
+        room = self._room(stream)
         if room is not None and not self._fits(stream, room, sizes):
             # It would not fit were nothing evicted; the stream's limits (or a rollup)
             # may evict as the messages are stored, which nats-server checks each

@@ -173,38 +173,34 @@ class TlsPort:
         if task in self._handed:
             self._handed.discard(task)
         else:
-            # Also for a task cancelled before it ever ran (a burst of accepts, or
-            # stop()), whose own cleanup never came: closing twice is harmless.
+            # However it ended: refused, failed, or cancelled (also before it ever ran,
+            # in a burst of accepts past the limit, or by stop()).
             conn.close()
 
     async def _greet(self, conn: socket.socket) -> None:
+        """Peek, then hand ``conn`` to TLS or refuse it. The socket is closed by
+        :meth:`_forget` when this ends, unless a TLS transport took it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
-        handed_over = False
         try:
-            try:
-                head = await asyncio.wait_for(_peek(conn, _RECORD_HEADER), self._timeout)
-            except TimeoutError:
-                head = b""  # too slow: closed as a stream that ended early
-            except OSError:  # reset by the client
-                return
-            kind = first_record(head)
-            if kind == "tls":
-                handed_over = True  # the transport owns the socket from here, even failing
-                task = asyncio.current_task()
-                if task is not None:
-                    self._handed.add(task)
-                await self._handshake(conn, max(deadline - loop.time(), 0.001))
-                return
-            reply = {"sslv2": SSLV2_ALERT, "http": MISDIRECTED}.get(kind, b"")
-            log.debug("https: %s client (%r) refused", kind, head)
-            with contextlib.suppress(OSError):
-                if reply:
-                    await asyncio.wait_for(loop.sock_sendall(conn, reply), self._timeout)
-                await _linger(conn)
-        finally:
-            if not handed_over:
-                conn.close()
+            head = await asyncio.wait_for(_peek(conn, _RECORD_HEADER), self._timeout)
+        except TimeoutError:
+            head = b""  # too slow: closed as a stream that ended early
+        except OSError:  # reset by the client
+            return
+        kind = first_record(head)
+        if kind == "tls":
+            task = asyncio.current_task()
+            if task is not None:
+                self._handed.add(task)  # the transport owns the socket now, even failing
+            await self._handshake(conn, max(deadline - loop.time(), 0.001))
+            return
+        reply = {"sslv2": SSLV2_ALERT, "http": MISDIRECTED}.get(kind, b"")
+        log.debug("https: %s client (%r) refused", kind, head)
+        with contextlib.suppress(OSError):
+            if reply:
+                await asyncio.wait_for(loop.sock_sendall(conn, reply), self._timeout)
+            await _linger(conn)
 
     async def _handshake(self, conn: socket.socket, seconds: float) -> None:
         loop = asyncio.get_running_loop()
