@@ -54,7 +54,12 @@ async def test_a_mirror_keeps_sequences_times_and_headers(
         await js.publish(f"o.{i}", f"m{i}".encode(), headers={"Nats-Msg-Id": f"id{i}"})
     await jsm.delete_msg("O", 2)
     await jsm.add_stream(StreamConfig(name="M", mirror=StreamSource(name="O")))
-    await eventually(lambda: has_messages(jsm, "M", 4))
+
+    async def copied() -> bool:  # the whole copy: four messages, up to the source's last
+        state = (await jsm.stream_info("M")).state
+        return (state.messages, state.last_seq) == (4, 5)
+
+    await eventually(copied)
     for seq in (1, 3, 4, 5):
         original = await jsm.get_msg("O", seq)
         copy = await jsm.get_msg("M", seq)
